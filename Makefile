@@ -1,0 +1,30 @@
+# `make run` and `make test` work on a fresh machine: they create .venv, install, then act.
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+SPEC   ?= spaces/cnn.yaml
+PYTEST_ARGS ?=
+
+.PHONY: run test lint install clean
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[torch,dev]'
+	touch $(STAMP)
+
+install: $(STAMP)
+
+run: $(STAMP)
+	$(PY) -m search run $(SPEC)
+
+test: $(STAMP)
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check search trainables tests
+	$(VENV)/bin/mypy
+
+clean:
+	rm -rf $(VENV) results/optuna.db results/*/

@@ -1,0 +1,26 @@
+"""Errors the CLI turns into one clear line and a non-zero exit, never a traceback."""
+
+from __future__ import annotations
+
+
+class SearchError(Exception):
+    """Base class of the errors that users can fix; ``str()`` is the whole message."""
+
+
+class SpecError(SearchError):
+    """A spec file is malformed.
+
+    Args:
+        source: The file (or ``<cli>``) the bad value came from.
+        field: Dotted path of the field, empty for the file as a whole.
+        message: What was expected (and what was given).
+
+    Example:
+        >>> str(SpecError("spaces/cnn.yaml", "budget.trials", "must be at least 1, got 0"))
+        'spaces/cnn.yaml: budget.trials: must be at least 1, got 0'
+    """
+
+    def __init__(self, source: str, field: str, message: str) -> None:
+        self.source, self.field, self.message = source, field, message
+        parts = [source, field, " ".join(message.split())]
+        super().__init__(": ".join(p for p in parts if p))

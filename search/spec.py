@@ -1,0 +1,176 @@
+"""The study spec: one YAML file, validated once, at the boundary.
+
+Example:
+    >>> spec = StudySpec.model_validate({
+    ...     "study": "demo", "trainable": "torch_cnn",
+    ...     "objective": {"metric": "val_accuracy", "mode": "max"},
+    ...     "space": {"lr": {"loguniform": [1e-4, 1e-1]}},
+    ... })
+    >>> spec.budget.trials
+    32
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from search.errors import SpecError
+from search.space import Param, check_space
+from search.trainable import UnknownTrainableError, check_trainable
+
+DEFAULT_STORAGE = "sqlite:///results/optuna.db"
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class DataSpec(_Strict):
+    """Which data to train on and how to split it."""
+
+    name: Literal["digits"] = "digits"
+    val_fraction: float = Field(0.2, gt=0.0, lt=1.0)
+    split_seed: int = 0
+
+
+class ObjectiveSpec(_Strict):
+    """The metric that the trainable reports and the search optimizes."""
+
+    metric: str = Field(min_length=1)
+    mode: Literal["min", "max"]
+
+
+class BudgetSpec(_Strict):
+    """How much the study may spend."""
+
+    trials: int = Field(32, ge=1)
+    max_epochs: int = Field(27, ge=1)
+    time_limit_s: float | None = Field(None, gt=0)
+
+
+class AshaSpec(_Strict):
+    """Asynchronous successive halving across the whole study."""
+
+    enabled: bool = True
+    grace_period: int = Field(1, ge=1)
+    reduction_factor: float = Field(3, ge=2)
+
+
+class SamplerSpec(_Strict):
+    """Optuna's sampler: how the next config is proposed."""
+
+    name: Literal["tpe", "random", "cmaes", "grid"] = "tpe"
+    seed: int | None = 0
+
+
+class ResourcesSpec(_Strict):
+    """What each trial gets, and how many run at once."""
+
+    cpus_per_trial: float = Field(1.0, gt=0)
+    gpus_per_trial: float = Field(0.0, ge=0)
+    max_concurrent: int | None = Field(None, ge=1)
+
+
+class StudySpec(_Strict):
+    """A whole study: what to train, on what, how to search and where to record it."""
+
+    study: str = Field(min_length=1, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+    trainable: str
+    data: DataSpec = DataSpec()
+    objective: ObjectiveSpec
+    budget: BudgetSpec = BudgetSpec()
+    asha: AshaSpec = AshaSpec()
+    sampler: SamplerSpec = SamplerSpec()
+    resources: ResourcesSpec = ResourcesSpec()
+    storage: str = DEFAULT_STORAGE
+    fixed: dict[str, Any] = {}
+    space: dict[str, Param] = {}
+
+    @field_validator("trainable")
+    @classmethod
+    def _known_trainable(cls, value: str) -> str:
+        try:
+            check_trainable(value)
+        except UnknownTrainableError as exc:
+            raise ValueError(str(exc)) from None
+        return value
+
+    @model_validator(mode="after")
+    def _consistent(self) -> StudySpec:
+        check_space(self.space, self.fixed)
+        if self.asha.grace_period > self.budget.max_epochs:
+            raise ValueError(
+                f"asha.grace_period ({self.asha.grace_period}) must not exceed "
+                f"budget.max_epochs ({self.budget.max_epochs})"
+            )
+        return self
+
+    def to_dict(self) -> dict[str, Any]:
+        """The spec as plain YAML/JSON-ready data (round-trips through validation)."""
+        return self.model_dump(mode="json", exclude_none=True)
+
+
+def _error_line(exc: ValidationError) -> tuple[str, str]:
+    """The first validation error as (field path, message)."""
+    err = exc.errors()[0]
+    loc = ".".join(str(part) for part in err["loc"])
+    msg = str(err["msg"]).removeprefix("Value error, ")
+    if err["type"] == "extra_forbidden":
+        msg = "unknown key"
+    elif isinstance(err.get("input"), str | int | float | bool) and "got" not in msg:
+        msg = f"{msg}, got {err['input']!r}"
+    return loc, msg
+
+
+def parse_spec(data: Any, source: str = "<spec>") -> StudySpec:
+    """Validates already-loaded spec data.
+
+    Raises:
+        SpecError: One line naming ``source``, the field and what was expected.
+    """
+    if not isinstance(data, dict):
+        raise SpecError(source, "", f"expected a mapping at the top level, got {type(data).__name__}")
+    try:
+        return StudySpec.model_validate(data)
+    except ValidationError as exc:
+        loc, msg = _error_line(exc)
+        raise SpecError(source, loc, msg) from None
+
+
+def load_spec(path: str | Path) -> StudySpec:
+    """Reads and validates a YAML spec file (safe loader only)."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise SpecError(str(path), "", f"cannot read file ({exc.strerror})") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
+        problem = getattr(exc, "problem", None) or "invalid YAML"
+        raise SpecError(str(path), "", f"YAML syntax error at {where}{problem}") from None
+    return parse_spec(data, str(path))
+
+
+def with_overrides(spec: StudySpec, source: str = "<cli>", **changes: Any) -> StudySpec:
+    """Returns ``spec`` with dotted-path overrides applied (``None`` values are skipped).
+
+    Example:
+        >>> s = with_overrides(spec, **{"budget.trials": 4})  # doctest: +SKIP
+    """
+    data = spec.to_dict()
+    for dotted, value in changes.items():
+        if value is None:
+            continue
+        node = data
+        *parents, leaf = dotted.split(".")
+        for key in parents:
+            node = node.setdefault(key, {})
+        node[leaf] = value
+    return parse_spec(data, source)

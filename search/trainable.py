@@ -1,0 +1,111 @@
+"""The trainable contract: what a training function receives and what it yields.
+
+A trainable is a plain generator function, independent of Ray and Optuna::
+
+    def train(config: dict, data: Dataset, ctx: TrialContext) -> Iterator[dict[str, float]]:
+        model = build(config)
+        for epoch in range(1, ctx.max_epochs + 1):
+            ...
+            yield {"val_accuracy": acc, "val_loss": loss, "train_loss": tl}
+
+It yields one metrics dict per epoch it trained. The runner turns each yield into one Ray Tune
+report; when ASHA stops the trial, the generator is simply closed. A trainable that stops early
+on its own rule just returns. Keys that start with :data:`RESERVED_PREFIX` belong to the
+framework and must not be yielded.
+
+Built-in trainables are named in :data:`BUILTIN` and imported only when used, so a PyTorch run
+never imports TensorFlow. A user's own trainable is named ``package.module:function``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from search.data import Dataset
+
+RESERVED_PREFIX = "search/"
+"""Prefix of the framework's own keys in configs and reported results."""
+
+Metrics = dict[str, float]
+TrainFn = Callable[[Mapping[str, Any], "Dataset", "TrialContext"], Iterator[Metrics]]
+
+BUILTIN: dict[str, str] = {
+    "torch_cnn": "trainables.torch_cnn:train",
+}
+"""Registry of built-in trainables: name -> ``module:function``, imported lazily."""
+
+
+@dataclass(frozen=True)
+class TrialContext:
+    """What the framework tells a trainable about the trial it runs.
+
+    Args:
+        max_epochs: The most epochs the trial may train (the study's budget).
+        seed: Seed for every random generator of this trial.
+        num_threads: CPU threads the trial may use (its share of the machine).
+        device: ``"cuda"`` when Ray gave the trial a GPU, else ``"cpu"``.
+        trial_number: The Optuna trial number (0 for a run outside a study).
+        trial_dir: A folder the trial may write into (profiles, artifacts).
+        extras: Spec-level options a trainable may read (for example ``profile``).
+    """
+
+    max_epochs: int
+    seed: int = 0
+    num_threads: int = 1
+    device: str = "cpu"
+    trial_number: int = 0
+    trial_dir: str = "."
+    extras: Mapping[str, Any] = field(default_factory=dict)
+
+
+class UnknownTrainableError(ValueError):
+    """The spec names a trainable that is neither built in nor importable."""
+
+
+def check_trainable(name: str) -> None:
+    """Checks, without importing it, that ``name`` can be resolved.
+
+    Raises:
+        UnknownTrainableError: When ``name`` is not built in and not an importable
+            ``module:function`` path.
+    """
+    if name in BUILTIN:
+        return
+    module, sep, func = name.partition(":")
+    if not sep or not module or not func.isidentifier():
+        known = ", ".join(sorted(BUILTIN))
+        raise UnknownTrainableError(
+            f"unknown trainable {name!r}: expected one of {known} or 'package.module:function'"
+        )
+    try:
+        found = importlib.util.find_spec(module)
+    except (ImportError, ValueError):
+        found = None
+    if found is None:
+        raise UnknownTrainableError(f"trainable module {module!r} cannot be imported")
+
+
+def resolve_trainable(name: str) -> TrainFn:
+    """Imports and returns the training function that ``name`` designates.
+
+    Example:
+        >>> fn = resolve_trainable("search.testing:curve")
+        >>> callable(fn)
+        True
+    """
+    check_trainable(name)
+    target = BUILTIN.get(name, name)
+    module_name, _, func_name = target.partition(":")
+    module = importlib.import_module(module_name)
+    try:
+        fn: TrainFn = getattr(module, func_name)
+    except AttributeError:
+        raise UnknownTrainableError(
+            f"trainable {name!r}: module {module_name!r} has no function {func_name!r}"
+        ) from None
+    return fn
