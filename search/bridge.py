@@ -129,8 +129,12 @@ class OptunaBridge(Searcher):
         self._study.tell(trial, values, state=state)
         self.finished[trial_id] = (trial.number, state.name)
 
-    # The Optuna storage is the durable state; pickling the study (and a storage URL that
-    # may hold a password) into Ray's experiment folder is exactly what we must not do.
+    # The Optuna storage is the durable state. Ray pickles the searcher into its experiment
+    # folder (tuner.pkl, searcher checkpoints); the study, and with it a storage URL that may
+    # hold a password, must not go there.
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_study": None, "_live": {}}
+
     def save(self, checkpoint_path: str) -> None:
         pass
 
@@ -147,4 +151,20 @@ class ErrorCallback(Callback):
     def on_trial_error(
         self, iteration: int, trials: list[Trial], trial: Trial, **info: Any
     ) -> None:
-        self._bridge.record_error(trial.trial_id, error_summary(trial.get_error()))
+        self._bridge.record_error(trial.trial_id, error_summary(_trial_error(trial)))
+
+
+def _trial_error(trial: Trial) -> BaseException | None:
+    """The exception Ray just wrote beside the trial (``Trial.get_error`` reads the synced
+    copy in storage, which may not exist yet)."""
+    import cloudpickle
+
+    path = trial.pickled_error_file
+    if not path:
+        return None
+    try:
+        with open(path, "rb") as f:
+            error = cloudpickle.load(f)
+    except (OSError, EOFError, ValueError, AttributeError, ImportError):
+        return None
+    return error if isinstance(error, BaseException) else None

@@ -17,13 +17,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import optuna
-
 from search.bridge import ErrorCallback, OptunaBridge
 from search.data import load_data
-from search.samplers import build_sampler
+from search.progress import ProgressCallback
+from search.samplers import grid_size
 from search.scheduler import build_scheduler
-from search.storage import open_storage, redact
+from search.storage import redact
+from search.study import open_study
 from search.worker import TrialJob, run_trial
 
 if TYPE_CHECKING:
@@ -34,7 +34,12 @@ if TYPE_CHECKING:
 # Tune's per-trial CSV/JSON/TensorBoard loggers cost time on every result and duplicate what
 # the Optuna study records; Tune would also chdir each trial into its own folder, which breaks
 # relative data paths in specs.
-_RAY_ENV = {"TUNE_DISABLE_AUTO_CALLBACK_LOGGERS": "1", "RAY_CHDIR_TO_TRIAL_DIR": "0"}
+# RAY_AIR_NEW_OUTPUT=0 selects the reporter that honours verbose=0 (our ProgressCallback prints).
+_RAY_ENV = {
+    "TUNE_DISABLE_AUTO_CALLBACK_LOGGERS": "1",
+    "RAY_CHDIR_TO_TRIAL_DIR": "0",
+    "RAY_AIR_NEW_OUTPUT": "0",
+}
 
 
 @dataclass(frozen=True)
@@ -44,6 +49,7 @@ class RunOptions:
     results_dir: Path = Path("results")
     address: str | None = None
     verbose: int = 0
+    progress: bool = True
     callbacks: Sequence[Callback] = ()
 
 
@@ -55,20 +61,6 @@ class RunSummary:
     storage: str
     seconds: float
     trials_this_run: int
-
-
-def open_study(spec: StudySpec) -> optuna.Study:
-    """Creates (or loads) the spec's study and records the spec on it, password redacted."""
-    study = optuna.create_study(
-        study_name=spec.study,
-        storage=open_storage(spec.storage),
-        sampler=build_sampler(spec),
-        direction="maximize" if spec.objective.mode == "max" else "minimize",
-        load_if_exists=True,
-    )
-    stored = spec.to_dict() | {"storage": redact(spec.storage)}
-    study.set_user_attr("spec", stored)
-    return study
 
 
 def init_ray(address: str | None, num_cpus: int | None = None) -> None:
@@ -97,6 +89,13 @@ def _concurrency(spec: StudySpec) -> int:
     return max(1, math.floor(cpus / spec.resources.cpus_per_trial))
 
 
+def _progress(spec: StudySpec, bridge: OptunaBridge, options: RunOptions) -> list[Callback]:
+    if not options.progress:
+        return []
+    objective = spec.objective
+    return [ProgressCallback(bridge, objective.metric, objective.mode, spec.budget.trials)]
+
+
 def run_study(spec: StudySpec, options: RunOptions = RunOptions()) -> RunSummary:
     """Runs ``spec`` to the end of its budget and returns a summary.
 
@@ -105,9 +104,14 @@ def run_study(spec: StudySpec, options: RunOptions = RunOptions()) -> RunSummary
     from ray import tune
     from ray.tune.search import ConcurrencyLimiter
 
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
     start = time.monotonic()
     study = open_study(spec)
     init_ray(options.address)
+    if options.verbose == 0:  # trial errors reach the study and the console as one line each
+        logging.getLogger("ray.tune").setLevel(logging.CRITICAL)
     data = load_data(spec.data)
     bridge = OptunaBridge(
         study,
@@ -132,14 +136,14 @@ def run_study(spec: StudySpec, options: RunOptions = RunOptions()) -> RunSummary
         tune_config=tune.TuneConfig(
             search_alg=ConcurrencyLimiter(bridge, max_concurrent=_concurrency(spec)),
             scheduler=build_scheduler(spec, bridge.mark_pruned),
-            num_samples=spec.budget.trials,
+            num_samples=min(spec.budget.trials, grid_size(spec) or spec.budget.trials),
             time_budget_s=spec.budget.time_limit_s,
             reuse_actors=True,
         ),
         run_config=tune.RunConfig(
             name=spec.study,
             storage_path=str((options.results_dir / "ray").resolve()),
-            callbacks=[ErrorCallback(bridge), *options.callbacks],
+            callbacks=[ErrorCallback(bridge), *_progress(spec, bridge, options), *options.callbacks],
             verbose=options.verbose,
         ),
     )

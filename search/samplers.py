@@ -15,6 +15,28 @@ if TYPE_CHECKING:
     from search.spec import StudySpec
 
 
+class _Grid(optuna.samplers.GridSampler):
+    """GridSampler without its ``study.stop()`` when the grid is used up.
+
+    Optuna's version calls ``study.stop()`` from ``after_trial``, which raises outside
+    ``study.optimize`` and would leave the told trial RUNNING; the runner caps the trial
+    budget at the grid's size instead (:func:`grid_size`).
+    """
+
+    def after_trial(self, *args: object, **kwargs: object) -> None:
+        pass
+
+
+def grid_size(spec: StudySpec) -> int | None:
+    """How many points the grid has, for the grid sampler; ``None`` for the others."""
+    if spec.sampler.name != "grid":
+        return None
+    size = 1
+    for values in grid(spec.space).values():
+        size *= len(values)
+    return size
+
+
 def build_sampler(spec: StudySpec) -> optuna.samplers.BaseSampler:
     """The sampler the spec names, seeded.
 
@@ -35,4 +57,4 @@ def build_sampler(spec: StudySpec) -> optuna.samplers.BaseSampler:
         return optuna.samplers.RandomSampler(seed=seed)
     if name == "cmaes":
         return optuna.samplers.CmaEsSampler(seed=seed, warn_independent_sampling=False)
-    return optuna.samplers.GridSampler(grid(spec.space), seed=seed)
+    return _Grid(grid(spec.space), seed=seed)

@@ -12,6 +12,7 @@ Example:
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any, Literal
 
@@ -19,10 +20,11 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from search.errors import SpecError
-from search.space import Param, check_space
+from search.space import Param, check_space, grid
 from search.trainable import UnknownTrainableError, check_trainable
 
 DEFAULT_STORAGE = "sqlite:///results/optuna.db"
+_FIELD_PREFIX = re.compile(r"^[A-Za-z_][\w.]*: ")
 
 
 class _Strict(BaseModel):
@@ -102,10 +104,12 @@ class StudySpec(_Strict):
     @model_validator(mode="after")
     def _consistent(self) -> StudySpec:
         check_space(self.space, self.fixed)
+        if self.sampler.name == "grid":
+            grid(self.space)
         if self.asha.grace_period > self.budget.max_epochs:
             raise ValueError(
-                f"asha.grace_period ({self.asha.grace_period}) must not exceed "
-                f"budget.max_epochs ({self.budget.max_epochs})"
+                f"asha.grace_period: must not exceed budget.max_epochs "
+                f"({self.budget.max_epochs}), got {self.asha.grace_period}"
             )
         return self
 
@@ -119,6 +123,8 @@ def _error_line(exc: ValidationError) -> tuple[str, str]:
     err = exc.errors()[0]
     loc = ".".join(str(part) for part in err["loc"])
     msg = str(err["msg"]).removeprefix("Value error, ")
+    if not loc and _FIELD_PREFIX.match(msg):  # whole-spec checks name their field first
+        loc, msg = msg.split(": ", 1)
     if err["type"] == "extra_forbidden":
         msg = "unknown key"
     elif isinstance(err.get("input"), str | int | float | bool) and "got" not in msg:

@@ -32,8 +32,10 @@ def redact(url: str) -> str:
     Example:
         >>> redact("postgresql://bob:s3cret@db:5432/optuna")
         'postgresql://bob:***@db:5432/optuna'
+        >>> redact("postgresql://bob:${PGPASSWORD}@db/optuna")  # a reference is no secret
+        'postgresql://bob:${PGPASSWORD}@db/optuna'
     """
-    return re.sub(r"(://[^:/@]+:)[^@]*@", r"\1***@", url)
+    return re.sub(r"(://[^:/@]+:)(?!\$\{)[^@]*@", r"\1***@", url)
 
 
 def open_storage(url: str) -> optuna.storages.BaseStorage:

@@ -36,6 +36,10 @@ TrainFn = Callable[[Mapping[str, Any], "Dataset", "TrialContext"], Iterator[Metr
 
 BUILTIN: dict[str, str] = {
     "torch_cnn": "trainables.torch_cnn:train",
+    "torch_rnn": "trainables.torch_rnn:train",
+    "torch_transfer": "trainables.torch_transfer:train",
+    "tf_cnn": "trainables.tf_cnn:train",
+    "tf_transfer": "trainables.tf_transfer:train",
 }
 """Registry of built-in trainables: name -> ``module:function``, imported lazily."""
 

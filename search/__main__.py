@@ -1,0 +1,5 @@
+"""``python -m search``: the command line."""
+
+from search.cli import main
+
+main()

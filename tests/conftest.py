@@ -1,0 +1,53 @@
+"""Shared fixtures: one local Ray per test session, deterministic seeds, spec helpers."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(autouse=True)
+def _seeded() -> None:
+    random.seed(0)
+    np.random.seed(0)
+
+
+@pytest.fixture(scope="session")
+def ray_local() -> Iterator[None]:
+    """A real local Ray with 2 CPUs, started once for the whole session."""
+    import ray
+
+    from search.runner import init_ray
+
+    init_ray(None, num_cpus=2)
+    yield
+    ray.shutdown()
+
+
+def write_spec(path: Path, data: dict[str, Any]) -> Path:
+    """Writes ``data`` as a YAML spec file and returns its path."""
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+def base_spec(tmp_path: Path, **changes: Any) -> dict[str, Any]:
+    """A small valid spec on the synthetic ``curve`` trainable, storage under ``tmp_path``."""
+    spec: dict[str, Any] = {
+        "study": "t",
+        "trainable": "search.testing:curve",
+        "objective": {"metric": "val_accuracy", "mode": "max"},
+        "budget": {"trials": 4, "max_epochs": 3},
+        "sampler": {"name": "random", "seed": 0},
+        "storage": f"sqlite:///{tmp_path}/optuna.db",
+        "space": {"x": {"uniform": [0.0, 1.0]}},
+    }
+    spec.update(changes)
+    return spec

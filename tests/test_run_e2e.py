@@ -1,0 +1,155 @@
+"""End to end on a real local Ray: every rule of the truthful Optuna record.
+
+The synthetic ``search.testing:curve`` trainable makes the outcome of each trial predictable
+from its parameters: ``lr > 1`` turns the loss NaN at epoch 2, ``raise_at: 4`` raises at epoch
+4, ``stop_at: 5`` stops on its own after epoch 5, and ``x`` sets how good the curve gets.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import optuna
+import pandas as pd
+import pytest
+import yaml
+
+from search.results import write_results
+from search.runner import RunOptions, run_study
+from search.spec import load_spec, parse_spec
+from search.study import load_study
+from tests.conftest import base_spec, write_spec
+
+pytestmark = [pytest.mark.ray]
+
+MAX_EPOCHS = 9
+RUNGS = {1, 3}  # ASHA, grace 1, reduction factor 3, max_t 9: stops at 1 or 3 are prunes
+
+
+@pytest.fixture(scope="module")
+def finished(ray_local: None, tmp_path_factory: pytest.TempPathFactory) -> tuple:
+    tmp = tmp_path_factory.mktemp("e2e")
+    spec = parse_spec(
+        base_spec(
+            tmp,
+            study="truth",
+            budget={"trials": 24, "max_epochs": MAX_EPOCHS},
+            asha={"grace_period": 1, "reduction_factor": 3},
+            sampler={"name": "random", "seed": 3},
+            space={
+                "x": {"uniform": [0.0, 1.0]},
+                "lr": {"loguniform": [0.05, 3.0]},
+                "raise_at": {"choice": [0, 4]},
+                "stop_at": {"choice": [0, 5]},
+            },
+        )
+    )
+    run_study(spec, RunOptions(results_dir=tmp / "results", progress=False))
+    study = load_study("truth", spec.storage)
+    return spec, study, tmp
+
+
+def test_no_trial_is_left_running_or_waiting(finished: tuple) -> None:
+    _, study, _ = finished
+    states = Counter(t.state.name for t in study.trials)
+    assert len(study.trials) == 24
+    assert set(states) <= {"COMPLETE", "PRUNED", "FAIL"}
+    assert states["PRUNED"] > 0 and states["FAIL"] > 0 and states["COMPLETE"] > 0
+
+
+def test_one_intermediate_value_per_epoch_trained_including_the_last(finished: tuple) -> None:
+    _, study, _ = finished
+    for t in study.trials:
+        epochs = t.user_attrs["epochs"]
+        assert sorted(t.intermediate_values) == list(range(1, epochs + 1)), t.number
+
+
+def test_fate_of_each_trial_follows_from_what_happened(finished: tuple) -> None:
+    _, study, _ = finished
+    for t in study.trials:
+        p, epochs = t.params, t.user_attrs["epochs"]
+        curve = t.intermediate_values
+        if p["lr"] > 1.0 and epochs >= 2:
+            assert t.state.name == "FAIL", t.number
+            assert t.user_attrs["fail_reason"] == "val_loss is nan at epoch 2"
+            assert epochs == 2  # stopped at the epoch the NaN appeared, not run to the end
+        elif p["raise_at"] == 4 and epochs >= 3 and t.state.name == "FAIL":
+            assert t.user_attrs["fail_reason"] == "ValueError: synthetic failure at epoch 4"
+            assert epochs == 3
+        elif t.state.name == "PRUNED":
+            assert epochs in RUNGS and epochs < MAX_EPOCHS
+            assert t.value == curve[epochs]
+        else:
+            assert t.state.name == "COMPLETE", t.number
+            assert t.value == curve[epochs]  # the metric of the last epoch
+            assert epochs == MAX_EPOCHS or (p["stop_at"] == 5 and epochs == 5)
+            assert not (p["raise_at"] == 4 and epochs >= 4)
+
+
+def test_user_attributes_and_stored_spec(finished: tuple) -> None:
+    spec, study, _ = finished
+    for t in study.trials:
+        assert {"epochs", "seconds", "ray_trial_id", "device", "node"} <= set(t.user_attrs)
+        assert t.user_attrs["device"] == "cpu"
+    stored = study.user_attrs["spec"]
+    assert stored["study"] == "truth" and stored["space"]["lr"] == {"loguniform": [0.05, 3.0]}
+    assert parse_spec(stored) == spec
+
+
+def test_results_files(finished: tuple) -> None:
+    spec, study, tmp = finished
+    folder = write_results(study, spec, tmp / "results")
+    frame = pd.read_csv(folder / "trials.csv")
+    assert len(frame) == 24
+    assert {"number", "state", "value", "param_x", "epochs", "seconds"} <= set(frame.columns)
+    best = yaml.safe_load((folder / "best.yaml").read_text())
+    again = load_spec(folder / "best.yaml")  # a spec that `run` accepts as it is
+    assert again.space == {} and again.budget.trials == 1
+    assert best["fixed"]["x"] == study.best_trial.params["x"]
+    assert again.sampler.seed == spec.sampler.seed + study.best_trial.number
+
+
+def test_best_yaml_retrains_the_same_curve(finished: tuple) -> None:
+    spec, study, tmp = finished
+    again = load_spec(write_results(study, spec, tmp / "results") / "best.yaml")
+    run_study(again, RunOptions(results_dir=tmp / "results", progress=False))
+    retrained = load_study(again.study, again.storage).trials[0]
+    assert retrained.state.name == "COMPLETE"
+    assert retrained.value == pytest.approx(study.best_value)
+
+
+def test_stock_searcher_gets_it_wrong_and_ours_right(ray_local: None, tmp_path: Path) -> None:
+    """The bridge exists because Ray's OptunaSearch loses the last epoch and marks prunes
+    COMPLETE; this pins that the difference is real (and that we do not regress to it)."""
+    from ray import tune
+    from ray.tune.schedulers import ASHAScheduler
+    from ray.tune.search.optuna import OptunaSearch
+
+    from search.testing import curve
+    from search.trainable import TrialContext
+
+    def trainable(config: dict) -> None:
+        for m in curve(config, None, TrialContext(max_epochs=MAX_EPOCHS)):  # type: ignore[arg-type]
+            tune.report(m)
+
+    storage = f"sqlite:///{tmp_path}/stock.db"
+    study = optuna.create_study(study_name="stock", storage=storage, direction="maximize")
+    searcher = OptunaSearch(
+        {"x": optuna.distributions.FloatDistribution(0, 1)},
+        study_name="stock", storage=study._storage, metric="val_accuracy", mode="max",
+        sampler=optuna.samplers.RandomSampler(seed=0),
+    )
+    tune.Tuner(
+        trainable,
+        tune_config=tune.TuneConfig(
+            search_alg=searcher, num_samples=8,
+            scheduler=ASHAScheduler(metric="val_accuracy", mode="max", max_t=MAX_EPOCHS),
+        ),
+        run_config=tune.RunConfig(storage_path=str(tmp_path / "ray"), verbose=0),
+    ).fit()
+    stock = optuna.load_study(study_name="stock", storage=storage)
+    states = {t.state.name for t in stock.trials}
+    short = [t for t in stock.trials if len(t.intermediate_values) < MAX_EPOCHS]
+    assert "PRUNED" not in states  # ASHA stopped some, yet none is recorded as pruned
+    assert short  # and their curves miss epochs
