@@ -1,0 +1,133 @@
+"""The command line as a user meets it: real subprocesses, one-line errors, a live dashboard."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import optuna
+import pytest
+
+from tests.conftest import REPO, base_spec, write_spec
+
+
+def _cli(*args: str, cwd: Path = REPO, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "search", *args],
+        cwd=cwd, capture_output=True, text=True, timeout=timeout,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+
+
+def test_help_is_fast_and_imports_no_framework() -> None:
+    code = (
+        "import sys\n"
+        "from typer.testing import CliRunner\n"
+        "from search.cli import app\n"
+        "r = CliRunner().invoke(app, ['run', '--help'])\n"
+        "assert r.exit_code == 0, r.output\n"
+        "heavy = {'torch', 'tensorflow', 'ray', 'optuna'} & set(sys.modules)\n"
+        "assert not heavy, heavy\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO, timeout=60)
+
+
+BAD_SPECS = {
+    "unknown key": ({"bogus": 1}, "bogus: unknown key"),
+    "low above high": ({"space": {"x": {"uniform": [1, 0]}}}, "space.x: uniform: low (1.0) must"),
+    "unknown trainable": ({"trainable": "resnet9000"}, "trainable: unknown trainable 'resnet9000'"),
+    "unknown distribution": ({"space": {"x": {"normal": [0, 1]}}}, "space.x.normal: unknown key"),
+    "when names a missing parameter": (
+        {"space": {"x": {"uniform": [0, 1], "when": {"opt": "sgd"}}}},
+        "space.x.when: names 'opt'",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_SPECS))
+def test_bad_spec_exits_nonzero_with_one_line(tmp_path: Path, case: str) -> None:
+    change, expected = BAD_SPECS[case]
+    path = write_spec(tmp_path / "bad.yaml", base_spec(tmp_path, **change))
+    proc = _cli("run", str(path))
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith(f"error: {path}: ")
+    assert expected in lines[0]
+    assert "Traceback" not in proc.stderr + proc.stdout
+    assert not (tmp_path / "optuna.db").exists()  # nothing was started or written
+
+
+def test_yaml_syntax_error_and_bad_override(tmp_path: Path) -> None:
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("study: [unclosed\n")
+    proc = _cli("run", str(broken))
+    assert proc.returncode == 2 and "YAML syntax error at line" in proc.stderr
+    good = write_spec(tmp_path / "good.yaml", base_spec(tmp_path))
+    proc = _cli("run", str(good), "--trials", "0")
+    assert proc.returncode == 2
+    assert "budget.trials: Input should be greater than or equal to 1, got 0" in proc.stderr
+
+
+def test_trials_command_lists_the_study_and_names_missing_ones(tmp_path: Path) -> None:
+    storage = f"sqlite:///{tmp_path}/o.db"
+    study = optuna.create_study(study_name="listed", storage=storage)
+    study.add_trial(optuna.trial.create_trial(params={}, distributions={}, value=0.25))
+    proc = _cli("trials", "listed", "--storage", storage)
+    assert proc.returncode == 0 and "COMPLETE" in proc.stdout and "0.25" in proc.stdout
+    proc = _cli("trials", "absent", "--storage", storage)
+    assert proc.returncode == 2
+    assert "study 'absent' is not in" in proc.stderr and "listed" in proc.stderr
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def test_dashboard_serves_the_study_on_loopback(tmp_path: Path) -> None:
+    storage = f"sqlite:///{tmp_path}/o.db"
+    optuna.create_study(study_name="shown", storage=storage)
+    port = _free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "search", "dashboard", "--storage", storage, "--port", str(port)],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        body = None
+        for _ in range(100):
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/api/studies", timeout=2) as r:
+                    body = json.loads(r.read())
+                break
+            except OSError:
+                time.sleep(0.2)
+        assert body is not None, "dashboard did not answer"
+        assert [s["study_name"] for s in body["study_summaries"]] == ["shown"]
+        with socket.socket() as sock:  # bound to loopback only: the machine's own address fails
+            other = socket.gethostbyname(socket.gethostname())
+            if not other.startswith("127."):
+                assert sock.connect_ex((other, port)) != 0
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
+def test_dashboard_on_other_host_warns_and_busy_port_fails(tmp_path: Path) -> None:
+    with socket.socket() as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        proc = _cli("dashboard", "--storage", f"sqlite:///{tmp_path}/o.db", "--port", str(port),
+                    "--host", "127.0.0.1")
+        assert proc.returncode == 2 and "already in use" in proc.stderr
+        proc = _cli("dashboard", "--storage", f"sqlite:///{tmp_path}/o.db", "--port", str(port),
+                    "--host", "0.0.0.0")
+        assert "no authentication" in proc.stderr
