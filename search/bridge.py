@@ -19,6 +19,7 @@ from ray.tune import Callback
 from ray.tune.search import Searcher
 
 from search.record import NUMBER, SEED, TrialRecord, error_summary
+from search.resume import driver_id
 from search.space import sample
 
 if TYPE_CHECKING:
@@ -64,6 +65,7 @@ class OptunaBridge(Searcher):
         self._fixed = dict(fixed)
         self._max_epochs = max_epochs
         self._seed = seed
+        self._driver = driver_id()
         self._live: dict[str, tuple[optuna.Trial, TrialRecord]] = {}
         self.finished: dict[str, tuple[int, str]] = {}
         """Ray trial id -> (Optuna trial number, final state name), for callers and tests."""
@@ -72,6 +74,7 @@ class OptunaBridge(Searcher):
         trial = self._study.ask()
         params = sample(trial, self._space)
         trial.set_user_attr("ray_trial_id", trial_id)
+        trial.set_user_attr("driver", self._driver)
         self._live[trial_id] = (trial, TrialRecord(self.metric or "", self._max_epochs))
         return {**self._fixed, **params, SEED: self._seed + trial.number, NUMBER: trial.number}
 

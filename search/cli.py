@@ -57,6 +57,9 @@ def run(
     seed: Annotated[int | None, typer.Option(help="Override sampler.seed.")] = None,
     address: Annotated[str | None, typer.Option(help="Ray cluster to join.")] = None,
     verbose: Annotated[int, typer.Option(help="Ray Tune's own verbosity (0-3).")] = 0,
+    restart: Annotated[
+        bool, typer.Option("--restart", help="Delete the study and start afresh.")
+    ] = False,
 ) -> None:
     """Run a study: sample configs, train them as Ray Tune trials, record them in Optuna."""
     from search.results import write_results
@@ -76,7 +79,9 @@ def run(
             "sampler.seed": seed,
         },
     )
-    summary = run_study(parsed, RunOptions(results_dir=results, address=address, verbose=verbose))
+    summary = run_study(
+        parsed, RunOptions(results_dir=results, address=address, verbose=verbose, restart=restart)
+    )
     done = load_study(parsed.study, parsed.storage)
     folder = write_results(done, parsed, results)
     print_summary(console, done, summary, folder)

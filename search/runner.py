@@ -21,7 +21,8 @@ from search.bridge import ErrorCallback, OptunaBridge
 from search.data import load_data
 from search.progress import ProgressCallback
 from search.samplers import grid_size
-from search.scheduler import build_scheduler
+from search.resume import earlier_curves, recover
+from search.scheduler import PruneReportingASHA, build_scheduler
 from search.storage import redact
 from search.study import open_study
 from search.worker import TrialJob, run_trial
@@ -50,6 +51,7 @@ class RunOptions:
     address: str | None = None
     verbose: int = 0
     progress: bool = True
+    restart: bool = False
     callbacks: Sequence[Callback] = ()
 
 
@@ -61,6 +63,8 @@ class RunSummary:
     storage: str
     seconds: float
     trials_this_run: int
+    interrupted: tuple[int, ...] = ()
+    """Trials an earlier, dead driver left open, now FAIL and replaced."""
 
 
 def init_ray(address: str | None, num_cpus: int | None = None) -> None:
@@ -108,7 +112,11 @@ def run_study(spec: StudySpec, options: RunOptions = RunOptions()) -> RunSummary
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     start = time.monotonic()
-    study = open_study(spec)
+    study = open_study(spec, restart=options.restart)
+    recovery = recover(study)
+    budget = min(spec.budget.trials, grid_size(spec) or spec.budget.trials) - recovery.counted
+    if budget <= 0:
+        return RunSummary(spec.study, redact(spec.storage), 0.0, 0, recovery.interrupted)
     init_ray(options.address)
     if options.verbose == 0:  # trial errors reach the study and the console as one line each
         logging.getLogger("ray.tune").setLevel(logging.CRITICAL)
@@ -127,6 +135,9 @@ def run_study(spec: StudySpec, options: RunOptions = RunOptions()) -> RunSummary
         max_epochs=spec.budget.max_epochs,
         num_threads=max(1, int(spec.resources.cpus_per_trial)),
     )
+    scheduler = build_scheduler(spec, bridge.mark_pruned)
+    if isinstance(scheduler, PruneReportingASHA):
+        scheduler.restore_rungs(earlier_curves(study))
     trainable = tune.with_resources(
         tune.with_parameters(run_trial, job=job, data=data),
         {"cpu": spec.resources.cpus_per_trial, "gpu": spec.resources.gpus_per_trial},
@@ -135,15 +146,19 @@ def run_study(spec: StudySpec, options: RunOptions = RunOptions()) -> RunSummary
         trainable,
         tune_config=tune.TuneConfig(
             search_alg=ConcurrencyLimiter(bridge, max_concurrent=_concurrency(spec)),
-            scheduler=build_scheduler(spec, bridge.mark_pruned),
-            num_samples=min(spec.budget.trials, grid_size(spec) or spec.budget.trials),
+            scheduler=scheduler,
+            num_samples=budget,
             time_budget_s=spec.budget.time_limit_s,
             reuse_actors=True,
         ),
         run_config=tune.RunConfig(
             name=spec.study,
             storage_path=str((options.results_dir / "ray").resolve()),
-            callbacks=[ErrorCallback(bridge), *_progress(spec, bridge, options), *options.callbacks],
+            callbacks=[
+                ErrorCallback(bridge),
+                *_progress(spec, bridge, options),
+                *options.callbacks,
+            ],
             verbose=options.verbose,
         ),
     )
@@ -156,4 +171,5 @@ def run_study(spec: StudySpec, options: RunOptions = RunOptions()) -> RunSummary
         storage=redact(spec.storage),
         seconds=time.monotonic() - start,
         trials_this_run=len(bridge.finished),
+        interrupted=recovery.interrupted,
     )

@@ -7,7 +7,8 @@ subclass reports the second kind, so the study can record PRUNED truthfully.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import math
+from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from ray.tune.schedulers import AsyncHyperBandScheduler, FIFOScheduler, TrialScheduler
@@ -32,6 +33,21 @@ class PruneReportingASHA(AsyncHyperBandScheduler):
     def __init__(self, on_prune: Callable[[str], None], **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self._on_prune = on_prune
+
+    def restore_rungs(self, curves: Iterable[Mapping[int, float]]) -> int:
+        """Refills the rungs with earlier trials' values at each milestone (for a resume).
+
+        Returns how many rung entries were restored. Non-finite values are skipped.
+        """
+        restored = 0
+        for index, curve in enumerate(curves):
+            for bracket in self._brackets:
+                for milestone, recorded in bracket._rungs:
+                    value = curve.get(int(milestone))
+                    if value is not None and math.isfinite(value):
+                        recorded[f"earlier-{index}"] = self._metric_op * value
+                        restored += 1
+        return restored
 
     def on_trial_result(self, tune_controller: Any, trial: Trial, result: dict) -> str:
         decision = super().on_trial_result(tune_controller, trial, result)

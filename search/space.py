@@ -84,7 +84,9 @@ class Param(BaseModel):
         out: dict[str, Any] = {}
         for field in self.model_fields_set:
             value = getattr(self, field)
-            out["int" if field == "int_" else field] = list(value) if isinstance(value, tuple) else value
+            out["int" if field == "int_" else field] = (
+                list(value) if isinstance(value, tuple) else value
+            )
         return out
 
     @property

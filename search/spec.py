@@ -139,7 +139,9 @@ def parse_spec(data: Any, source: str = "<spec>") -> StudySpec:
         SpecError: One line naming ``source``, the field and what was expected.
     """
     if not isinstance(data, dict):
-        raise SpecError(source, "", f"expected a mapping at the top level, got {type(data).__name__}")
+        raise SpecError(
+            source, "", f"expected a mapping at the top level, got {type(data).__name__}"
+        )
     try:
         return StudySpec.model_validate(data)
     except ValidationError as exc:

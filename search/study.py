@@ -18,11 +18,19 @@ class StudyNotFoundError(SearchError):
     """No study of that name in the storage."""
 
 
-def open_study(spec: StudySpec) -> optuna.Study:
-    """Creates (or loads) the spec's study and records the spec on it, password redacted."""
+def open_study(spec: StudySpec, restart: bool = False) -> optuna.Study:
+    """Creates (or loads) the spec's study and records the spec on it, password redacted.
+
+    Args:
+        spec: The validated spec.
+        restart: Delete an existing study of that name first and start afresh.
+    """
+    storage = open_storage(spec.storage)
+    if restart and spec.study in [s.study_name for s in optuna.get_all_study_summaries(storage)]:
+        optuna.delete_study(study_name=spec.study, storage=storage)
     study = optuna.create_study(
         study_name=spec.study,
-        storage=open_storage(spec.storage),
+        storage=storage,
         sampler=build_sampler(spec),
         direction="maximize" if spec.objective.mode == "max" else "minimize",
         load_if_exists=True,

@@ -22,9 +22,7 @@ def _fmt(value: object) -> str:
     return "" if value is None or value != value else str(value)  # NaN -> ""
 
 
-def print_summary(
-    console: Console, study: optuna.Study, summary: RunSummary, folder: Path
-) -> None:
+def print_summary(console: Console, study: optuna.Study, summary: RunSummary, folder: Path) -> None:
     """Best value and params, trial states, wall time and where the files are."""
     counts = state_counts(study)
     best = best_trial(study)
@@ -34,6 +32,11 @@ def print_summary(
         + ", ".join(f"{counts.get(s, 0)} {s.lower()}" for s in ("COMPLETE", "PRUNED", "FAIL"))
         + (f", {counts['RUNNING']} running" if counts.get("RUNNING") else "")
     )
+    if summary.interrupted:
+        numbers = ", ".join(str(n) for n in summary.interrupted)
+        console.print(
+            f"resumed: trials {numbers} were left open by a dead driver (now FAIL, replaced)"
+        )
     if best is None:
         console.print("no trial completed")
     else:

@@ -20,7 +20,10 @@ from tests.conftest import REPO, base_spec, write_spec
 def _cli(*args: str, cwd: Path = REPO, timeout: float = 120) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "search", *args],
-        cwd=cwd, capture_output=True, text=True, timeout=timeout,
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
         env={**os.environ, "PYTHONPATH": str(REPO)},
     )
 
@@ -98,7 +101,10 @@ def test_dashboard_serves_the_study_on_loopback(tmp_path: Path) -> None:
     port = _free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "search", "dashboard", "--storage", storage, "--port", str(port)],
-        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     try:
         body = None
@@ -125,9 +131,23 @@ def test_dashboard_on_other_host_warns_and_busy_port_fails(tmp_path: Path) -> No
         busy.bind(("127.0.0.1", 0))
         busy.listen()
         port = busy.getsockname()[1]
-        proc = _cli("dashboard", "--storage", f"sqlite:///{tmp_path}/o.db", "--port", str(port),
-                    "--host", "127.0.0.1")
+        proc = _cli(
+            "dashboard",
+            "--storage",
+            f"sqlite:///{tmp_path}/o.db",
+            "--port",
+            str(port),
+            "--host",
+            "127.0.0.1",
+        )
         assert proc.returncode == 2 and "already in use" in proc.stderr
-        proc = _cli("dashboard", "--storage", f"sqlite:///{tmp_path}/o.db", "--port", str(port),
-                    "--host", "0.0.0.0")
+        proc = _cli(
+            "dashboard",
+            "--storage",
+            f"sqlite:///{tmp_path}/o.db",
+            "--port",
+            str(port),
+            "--host",
+            "0.0.0.0",
+        )
         assert "no authentication" in proc.stderr

@@ -137,13 +137,17 @@ def test_stock_searcher_gets_it_wrong_and_ours_right(ray_local: None, tmp_path: 
     study = optuna.create_study(study_name="stock", storage=storage, direction="maximize")
     searcher = OptunaSearch(
         {"x": optuna.distributions.FloatDistribution(0, 1)},
-        study_name="stock", storage=study._storage, metric="val_accuracy", mode="max",
+        study_name="stock",
+        storage=study._storage,
+        metric="val_accuracy",
+        mode="max",
         sampler=optuna.samplers.RandomSampler(seed=0),
     )
     tune.Tuner(
         trainable,
         tune_config=tune.TuneConfig(
-            search_alg=searcher, num_samples=8,
+            search_alg=searcher,
+            num_samples=8,
             scheduler=ASHAScheduler(metric="val_accuracy", mode="max", max_t=MAX_EPOCHS),
         ),
         run_config=tune.RunConfig(storage_path=str(tmp_path / "ray"), verbose=0),

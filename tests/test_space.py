@@ -16,7 +16,9 @@ SPACE = load_spec(REPO / "spaces" / "cnn.yaml")
 
 
 def _draw(seed: int, n: int = 6, name: str = "tpe") -> list[dict]:
-    spec = SPACE.model_copy(update={"sampler": SPACE.sampler.model_copy(update={"name": name, "seed": seed})})
+    spec = SPACE.model_copy(
+        update={"sampler": SPACE.sampler.model_copy(update={"name": name, "seed": seed})}
+    )
     study = optuna.create_study(sampler=build_sampler(spec), direction="maximize")
     out = []
     for _ in range(n):
@@ -85,8 +87,11 @@ def test_fixed_param_is_recorded_in_config_not_searched(tmp_path: Path) -> None:
 
 def test_grid_needs_finite_parameters(tmp_path: Path) -> None:
     spec = parse_spec(
-        base_spec(tmp_path, space={"b": {"choice": [1, 2]}, "n": {"int": [1, 2]}},
-                  sampler={"name": "grid"})
+        base_spec(
+            tmp_path,
+            space={"b": {"choice": [1, 2]}, "n": {"int": [1, 2]}},
+            sampler={"name": "grid"},
+        )
     )
     assert grid(spec.space) == {"b": [1, 2], "n": [1, 2]}
     study = optuna.create_study(sampler=build_sampler(spec))
