@@ -63,10 +63,10 @@ def run(
 ) -> None:
     """Run a study: sample configs, train them as Ray Tune trials, record them in Optuna."""
     from search.results import write_results
-    from search.study import load_study
-    from search.summary import print_summary
     from search.runner import RunOptions, run_study
     from search.spec import load_spec, with_overrides
+    from search.study import load_study
+    from search.summary import print_summary
 
     parsed = with_overrides(
         load_spec(spec),

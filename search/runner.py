@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING
 from search.bridge import ErrorCallback, OptunaBridge
 from search.data import load_data
 from search.progress import ProgressCallback
-from search.samplers import grid_size
 from search.resume import earlier_curves, recover
+from search.samplers import grid_size
 from search.scheduler import PruneReportingASHA, build_scheduler
 from search.storage import redact
 from search.study import open_study
@@ -105,10 +105,9 @@ def run_study(spec: StudySpec, options: RunOptions = RunOptions()) -> RunSummary
 
     Every trial this run started is COMPLETE, PRUNED or FAIL in the study when this returns.
     """
+    import optuna
     from ray import tune
     from ray.tune.search import ConcurrencyLimiter
-
-    import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     start = time.monotonic()

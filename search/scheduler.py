@@ -45,7 +45,7 @@ class PruneReportingASHA(AsyncHyperBandScheduler):
                 for milestone, recorded in bracket._rungs:
                     value = curve.get(int(milestone))
                     if value is not None and math.isfinite(value):
-                        recorded[f"earlier-{index}"] = self._metric_op * value
+                        recorded[f"earlier-{index}"] = (self._metric_op or 1.0) * value
                         restored += 1
         return restored
 

@@ -16,8 +16,8 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 import builtins
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field, model_serializer, model_validator

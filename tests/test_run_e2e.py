@@ -19,7 +19,7 @@ from search.results import write_results
 from search.runner import RunOptions, run_study
 from search.spec import load_spec, parse_spec
 from search.study import load_study
-from tests.conftest import base_spec, write_spec
+from tests.conftest import base_spec
 
 pytestmark = [pytest.mark.ray]
 
