@@ -106,6 +106,11 @@ class OptunaBridge(Searcher):
             record.error, record.errored = message, True
             self._finish(trial_id)
 
+    def record_retry(self, trial_id: str) -> None:
+        """Called by :class:`ErrorCallback` when Ray retries a trial from its checkpoint."""
+        if trial_id in self._live:
+            self._live[trial_id][1].retries += 1
+
     def finalize(self) -> None:
         """Tells every trial still open (errored, or never started) its fate."""
         for trial_id in list(self._live):
@@ -146,7 +151,7 @@ class OptunaBridge(Searcher):
 
 
 class ErrorCallback(Callback):
-    """Hands a failed trial's error, as one line, to the bridge."""
+    """Hands a failed trial's error, as one line, to the bridge, and counts retries."""
 
     def __init__(self, bridge: OptunaBridge) -> None:
         self._bridge = bridge
@@ -155,6 +160,11 @@ class ErrorCallback(Callback):
         self, iteration: int, trials: list[Trial], trial: Trial, **info: Any
     ) -> None:
         self._bridge.record_error(trial.trial_id, error_summary(_trial_error(trial)))
+
+    def on_trial_recover(
+        self, iteration: int, trials: list[Trial], trial: Trial, **info: Any
+    ) -> None:
+        self._bridge.record_retry(trial.trial_id)
 
 
 def _trial_error(trial: Trial) -> BaseException | None:

@@ -53,6 +53,7 @@ class TrialRecord:
     pruned: bool = False
     error: str | None = None
     errored: bool = False
+    retries: int = 0
 
     def add(self, result: Mapping[str, Any]) -> tuple[int, float] | None:
         """Takes one reported result; returns ``(epoch, value)`` if it is a new epoch."""
@@ -92,6 +93,7 @@ class TrialRecord:
         attrs: dict[str, Any] = {
             "epochs": self.epochs,
             "seconds": round(float(self.last.get("time_total_s", 0.0)), 3),
+            "retries": self.retries,
         }
         for key in (DEVICE, NODE):
             if key in self.last:

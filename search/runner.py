@@ -133,6 +133,7 @@ def run_study(spec: StudySpec, options: RunOptions = RunOptions()) -> RunSummary
         trainable=spec.trainable,
         max_epochs=spec.budget.max_epochs,
         num_threads=max(1, int(spec.resources.cpus_per_trial)),
+        checkpoints=spec.faults.checkpoints,
     )
     scheduler = build_scheduler(spec, bridge.mark_pruned)
     if isinstance(scheduler, PruneReportingASHA):
@@ -159,6 +160,8 @@ def run_study(spec: StudySpec, options: RunOptions = RunOptions()) -> RunSummary
                 *options.callbacks,
             ],
             verbose=options.verbose,
+            failure_config=tune.FailureConfig(max_failures=spec.faults.max_failures),
+            checkpoint_config=tune.CheckpointConfig(num_to_keep=1),
         ),
     )
     try:

@@ -77,6 +77,13 @@ class ResourcesSpec(_Strict):
     max_concurrent: int | None = Field(None, ge=1)
 
 
+class FaultsSpec(_Strict):
+    """What happens when a trial raises: retried from its last checkpoint, then FAIL."""
+
+    max_failures: int = Field(2, ge=0)
+    checkpoints: bool = True
+
+
 class StudySpec(_Strict):
     """A whole study: what to train, on what, how to search and where to record it."""
 
@@ -88,6 +95,7 @@ class StudySpec(_Strict):
     asha: AshaSpec = AshaSpec()
     sampler: SamplerSpec = SamplerSpec()
     resources: ResourcesSpec = ResourcesSpec()
+    faults: FaultsSpec = FaultsSpec()
     storage: str = DEFAULT_STORAGE
     fixed: dict[str, Any] = {}
     space: dict[str, Param] = {}

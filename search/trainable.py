@@ -56,6 +56,13 @@ class TrialContext:
         trial_number: The Optuna trial number (0 for a run outside a study).
         trial_dir: A folder the trial may write into (profiles, artifacts).
         extras: Spec-level options a trainable may read (for example ``profile``).
+        checkpoint_dir: When set, a folder the trainable should write its state into (model,
+            optimizer, scheduler; overwriting) just before each ``yield``. The framework turns
+            it into that epoch's Ray Tune checkpoint. A trainable that writes nothing simply
+            restarts from scratch when its trial is retried.
+        restore_dir: When set, the trial is being retried: load the state saved there and
+            continue with the epoch after ``start_epoch - 1``.
+        start_epoch: The number of the first epoch this call yields (1, or later on restore).
     """
 
     max_epochs: int
@@ -65,6 +72,9 @@ class TrialContext:
     trial_number: int = 0
     trial_dir: str = "."
     extras: Mapping[str, Any] = field(default_factory=dict)
+    checkpoint_dir: str | None = None
+    restore_dir: str | None = None
+    start_epoch: int = 1
 
 
 class UnknownTrainableError(ValueError):

@@ -42,7 +42,9 @@ def finished(ray_local: None, tmp_path_factory: pytest.TempPathFactory) -> tuple
                 "lr": {"loguniform": [0.05, 3.0]},
                 "raise_at": {"choice": [0, 4]},
                 "stop_at": {"choice": [0, 5]},
+                "fail_once_at": {"choice": [0, 2]},
             },
+            faults={"max_failures": 1},
         )
     )
     run_study(spec, RunOptions(results_dir=tmp / "results", progress=False))
@@ -77,6 +79,7 @@ def test_fate_of_each_trial_follows_from_what_happened(finished: tuple) -> None:
         elif p["raise_at"] == 4 and epochs >= 3 and t.state.name == "FAIL":
             assert t.user_attrs["fail_reason"] == "ValueError: synthetic failure at epoch 4"
             assert epochs == 3
+            assert t.user_attrs["retries"] == 1  # retried once from its checkpoint, then FAIL
         elif t.state.name == "PRUNED":
             assert epochs in RUNGS and epochs < MAX_EPOCHS
             assert t.value == curve[epochs]
@@ -85,6 +88,22 @@ def test_fate_of_each_trial_follows_from_what_happened(finished: tuple) -> None:
             assert t.value == curve[epochs]  # the metric of the last epoch
             assert epochs == MAX_EPOCHS or (p["stop_at"] == 5 and epochs == 5)
             assert not (p["raise_at"] == 4 and epochs >= 4)
+
+
+def test_transient_failures_resume_from_the_checkpoint(finished: tuple) -> None:
+    _, study, _ = finished
+    flaky = [
+        t for t in study.trials if t.params["fail_once_at"] == 2 and t.user_attrs["epochs"] >= 2
+    ]
+    assert flaky
+    for t in flaky:
+        assert t.user_attrs["retries"] >= 1
+        if not (t.params["lr"] > 1.0 or t.params["raise_at"] == 4):
+            assert t.state.name in ("COMPLETE", "PRUNED"), t.number  # the retry succeeded
+    steady = [
+        t for t in study.trials if t.params["fail_once_at"] == 0 and t.params["raise_at"] == 0
+    ]
+    assert all(t.user_attrs["retries"] == 0 for t in steady)
 
 
 def test_user_attributes_and_stored_spec(finished: tuple) -> None:
