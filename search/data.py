@@ -8,6 +8,7 @@ split, so no validation statistics leak into training).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -27,6 +28,9 @@ class Dataset:
         y_val: Validation labels.
         num_classes: How many classes the labels range over.
         name: The dataset's name in the spec.
+        path: For folder datasets, the absolute folder (arrays are then empty and each
+            trainable reads the folder with its framework's reader).
+        image_size: For folder datasets, the side images are resized to.
     """
 
     x_train: np.ndarray
@@ -35,6 +39,8 @@ class Dataset:
     y_val: np.ndarray
     num_classes: int
     name: str
+    path: str | None = None
+    image_size: int | None = None
 
     @property
     def input_shape(self) -> tuple[int, ...]:
@@ -65,10 +71,34 @@ def load_digits(val_fraction: float, seed: int) -> Dataset:
     return Dataset(x_tr, y_tr, x_va, y_va, num_classes=10, name="digits")
 
 
-LOADERS = {"digits": load_digits}
-"""Built-in datasets by name."""
+IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".gif"}
+
+
+def image_folder(path: str | Path, image_size: int | None) -> Dataset:
+    """A folder of class subfolders; only its layout is read here, never the images.
+
+    Raises:
+        FileNotFoundError: When the folder is missing or has no class subfolder with images.
+    """
+    root = Path(path).resolve()
+    if not root.is_dir():
+        raise FileNotFoundError(f"data.path: no folder at {root}")
+    classes = sorted(
+        d.name
+        for d in root.iterdir()
+        if d.is_dir() and any(f.suffix.lower() in IMAGE_SUFFIXES for f in d.iterdir())
+    )
+    if not classes:
+        raise FileNotFoundError(f"data.path: {root} has no class subfolders with images")
+    empty = np.zeros((0, 3, image_size or 32, image_size or 32), np.float32)
+    labels = np.zeros((0,), np.int64)
+    return Dataset(
+        empty, labels, empty, labels, len(classes), "image_folder", str(root), image_size or 32
+    )
 
 
 def load_data(spec: DataSpec) -> Dataset:
     """Loads the dataset that a validated :class:`~search.spec.DataSpec` names."""
-    return LOADERS[spec.name](spec.val_fraction, spec.split_seed)
+    if spec.name == "image_folder":
+        return image_folder(spec.path or "", spec.image_size)
+    return load_digits(spec.val_fraction, spec.split_seed)

@@ -15,7 +15,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from search.bridge import ErrorCallback, OptunaBridge
 from search.data import load_data
@@ -30,6 +30,7 @@ from search.worker import TrialJob, run_trial
 if TYPE_CHECKING:
     from ray.tune import Callback
 
+    from search.data import Dataset
     from search.spec import StudySpec
 
 # Tune's per-trial CSV/JSON/TensorBoard loggers cost time on every result and duplicate what
@@ -93,6 +94,18 @@ def _concurrency(spec: StudySpec) -> int:
     return max(1, math.floor(cpus / spec.resources.cpus_per_trial))
 
 
+def trial_extras(spec: StudySpec, data: Dataset) -> dict[str, Any]:
+    """Spec-level options every trial may read through ``TrialContext.extras``."""
+    return {
+        "profile": spec.profile,
+        "profile_trial": spec.profile_trial,
+        "data_path": data.path,
+        "image_size": data.image_size,
+        "val_fraction": spec.data.val_fraction,
+        "split_seed": spec.data.split_seed,
+    }
+
+
 def _progress(spec: StudySpec, bridge: OptunaBridge, options: RunOptions) -> list[Callback]:
     if not options.progress:
         return []
@@ -134,6 +147,7 @@ def run_study(spec: StudySpec, options: RunOptions = RunOptions()) -> RunSummary
         max_epochs=spec.budget.max_epochs,
         num_threads=max(1, int(spec.resources.cpus_per_trial)),
         checkpoints=spec.faults.checkpoints,
+        extras=trial_extras(spec, data),
     )
     scheduler = build_scheduler(spec, bridge.mark_pruned)
     if isinstance(scheduler, PruneReportingASHA):

@@ -32,11 +32,26 @@ class _Strict(BaseModel):
 
 
 class DataSpec(_Strict):
-    """Which data to train on and how to split it."""
+    """Which data to train on and how to split it.
 
-    name: Literal["digits"] = "digits"
+    ``digits`` is scikit-learn's 8x8 handwritten digits (shipped offline). ``image_folder``
+    is a folder with one subfolder of images per class; each trainable reads it with its
+    framework's own reader, so ``path`` must exist on every node that runs trials.
+    """
+
+    name: Literal["digits", "image_folder"] = "digits"
+    path: str | None = None
+    image_size: int | None = Field(None, ge=8, le=1024)
     val_fraction: float = Field(0.2, gt=0.0, lt=1.0)
     split_seed: int = 0
+
+    @model_validator(mode="after")
+    def _path_when_needed(self) -> DataSpec:
+        if self.name == "image_folder" and not self.path:
+            raise ValueError("data.path: image_folder needs the folder's path")
+        if self.name == "digits" and self.path:
+            raise ValueError("data.path: digits ship with scikit-learn; remove path")
+        return self
 
 
 class ObjectiveSpec(_Strict):
@@ -96,6 +111,8 @@ class StudySpec(_Strict):
     sampler: SamplerSpec = SamplerSpec()
     resources: ResourcesSpec = ResourcesSpec()
     faults: FaultsSpec = FaultsSpec()
+    profile: bool = False
+    profile_trial: int = Field(0, ge=0)
     storage: str = DEFAULT_STORAGE
     fixed: dict[str, Any] = {}
     space: dict[str, Param] = {}
