@@ -1,0 +1,206 @@
+"""The TensorFlow/Keras trainables, for real: digits, a tiny image folder, a pretrained backbone.
+
+Every trial runs on 2 CPU threads; most tests use a small subset of the digits, because the
+first epoch of a Keras trial is mostly graph tracing.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+pytest.importorskip("tensorflow")
+
+import keras  # noqa: E402
+
+from search.data import Dataset, load_digits  # noqa: E402
+from search.trainable import RESERVED_PREFIX, TrialContext  # noqa: E402
+from trainables import _tf_common as common  # noqa: E402
+from trainables import tf_cnn, tf_transfer  # noqa: E402
+
+pytestmark = pytest.mark.tf
+
+KEYS = {"train_loss", "train_accuracy", "val_loss", "val_accuracy", "lr"}
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _two_threads() -> None:
+    common.configure_tf(2, "cpu")  # before any TF op of this process
+
+
+@pytest.fixture(scope="module")
+def digits() -> Dataset:
+    return load_digits(0.2, 0)
+
+
+@pytest.fixture(scope="module")
+def small(digits: Dataset) -> Dataset:
+    """256 training and 64 validation digits: a few batches an epoch."""
+    return Dataset(digits.x_train[:256], digits.y_train[:256], digits.x_val[:64],
+                   digits.y_val[:64], num_classes=10, name="digits-small")
+
+
+def run(train: Any, config: Mapping[str, Any], data: Dataset, max_epochs: int,
+        **extras: Any) -> tuple[list[dict[str, float]], keras.Model]:
+    """All epochs of one trial, and its model (through ``extras["model_out"]``)."""
+    out: dict[str, keras.Model] = {}
+    ctx = TrialContext(max_epochs=max_epochs, num_threads=2, extras={"model_out": out, **extras})
+    metrics = list(train(config, data, ctx))
+    return metrics, out["model"]
+
+
+@pytest.fixture(scope="module")
+def trained(digits: Dataset) -> tuple[list[dict[str, float]], keras.Model]:
+    config = {"lr": 3e-3, "batch_size": 64, "optimizer": "adam", "clip_norm": 1.0}
+    return run(tf_cnn.train, config, digits, max_epochs=6)
+
+
+def test_cnn_yields_the_contract_keys_every_epoch(trained: Any) -> None:
+    metrics, _ = trained
+    assert len(metrics) == 6
+    for m in metrics:
+        assert set(m) >= KEYS
+        assert not any(key.startswith(RESERVED_PREFIX) for key in m)
+        assert all(isinstance(v, float) and math.isfinite(v) for v in m.values())
+
+
+def test_cnn_learns_digits_in_a_handful_of_epochs(trained: Any) -> None:
+    metrics, _ = trained
+    assert metrics[-1]["val_accuracy"] >= 0.9
+    assert metrics[-1]["train_loss"] < metrics[0]["train_loss"]
+
+
+def test_clip_norm_is_set_on_the_optimizer(trained: Any) -> None:
+    _, model = trained
+    assert model.optimizer.global_clipnorm == 1.0  # torch's clip_grad_norm_: the global norm
+    assert model.optimizer.clipvalue is None
+
+
+def test_saved_model_reloads_with_the_same_val_accuracy(trained: Any, digits: Dataset,
+                                                         tmp_path: Path) -> None:
+    metrics, model = trained
+    model.save(tmp_path / "cnn.keras")
+    reloaded = keras.models.load_model(tmp_path / "cnn.keras")
+    val = common.pipeline(common.from_arrays(digits).val, 64, 2)
+    _, accuracy = reloaded.evaluate(val, verbose=0)
+    assert accuracy == pytest.approx(metrics[-1]["val_accuracy"], abs=1e-6)
+
+
+@pytest.mark.parametrize("scheduler", ["step", "cosine", "cyclic", "onecycle"])
+def test_each_scheduler_runs(scheduler: str, small: Dataset) -> None:
+    config = {"lr": 1e-2, "lr_scheduler": scheduler, "step_size": 1, "channels": 8}
+    metrics, _ = run(tf_cnn.train, config, small, max_epochs=2)
+    first, second = (m["lr"] for m in metrics)
+    expected_first = {"step": 1e-2, "cosine": 1e-2, "cyclic": 1e-3, "onecycle": 1e-2 / 25}
+    assert first == pytest.approx(expected_first[scheduler], rel=1e-4)
+    if scheduler == "step":
+        assert second == pytest.approx(1e-3, rel=1e-4)
+    else:
+        assert second != pytest.approx(first)
+
+
+def test_plateau_lowers_lr_after_patience_across_per_epoch_fits(small: Dataset) -> None:
+    config = {"lr": 1e-9, "lr_scheduler": "plateau", "gamma": 0.1, "channels": 8}
+    metrics, _ = run(tf_cnn.train, config, small, max_epochs=5)
+    lrs = [m["lr"] for m in metrics]
+    # three epochs without improvement after the first (torch's patience 2 counts like this)
+    assert lrs[:4] == pytest.approx([1e-9] * 4) and lrs[4] == pytest.approx(1e-10)
+
+
+def test_early_stopping_returns_before_max_epochs(small: Dataset) -> None:
+    config = {"lr": 0.0, "early_stopping_patience": 1, "channels": 8}
+    metrics, _ = run(tf_cnn.train, config, small, max_epochs=5)
+    assert len(metrics) == 2
+
+
+def test_fp16_on_cpu_raises_a_clear_error(small: Dataset) -> None:
+    with pytest.raises(ValueError, match="precision fp16 needs a GPU; use bf16 or fp32 on CPU"):
+        next(tf_cnn.train({"precision": "fp16"}, small, TrialContext(max_epochs=1)))
+
+
+def test_unknown_key_and_both_clips_are_rejected(small: Dataset) -> None:
+    with pytest.raises(ValueError, match="unknown config key"):
+        next(tf_cnn.train({"learning_rate": 0.1}, small, TrialContext(max_epochs=1)))
+    with pytest.raises(ValueError, match="clip_norm or clip_value"):
+        next(tf_cnn.train({"clip_norm": 1, "clip_value": 1}, small, TrialContext(max_epochs=1)))
+
+
+def test_bf16_runs_and_the_policy_is_reset(small: Dataset) -> None:
+    tiny = Dataset(small.x_train[:64], small.y_train[:64], small.x_val[:32], small.y_val[:32],
+                   num_classes=10, name="tiny")
+    metrics, model = run(tf_cnn.train, {"precision": "bf16", "channels": 8}, tiny, max_epochs=1)
+    assert math.isfinite(metrics[0]["val_loss"])
+    assert model.dtype_policy.name == "mixed_bfloat16"
+    assert model.output.dtype == "float32"
+    assert keras.config.dtype_policy().name == "float32"
+
+
+def test_image_folder_trains_one_epoch(digits: Dataset, tmp_path: Path) -> None:
+    from PIL import Image
+
+    for label in range(10):
+        folder = tmp_path / "images" / str(label)
+        folder.mkdir(parents=True)
+        images = digits.x_train[digits.y_train == label][:20, 0]
+        for i, image in enumerate(images):
+            pixels = (image * 255 / 16).astype(np.uint8)
+            Image.fromarray(pixels, "L").resize((16, 16)).save(folder / f"{i}.png")
+    empty = np.zeros((0, 1, 8, 8), np.float32)
+    none = Dataset(empty, np.zeros(0, np.int64), empty, np.zeros(0, np.int64), 10, "image_folder")
+    metrics, model = run(tf_cnn.train, {"channels": 8}, none, max_epochs=1,
+                         data_path=str(tmp_path / "images"), image_size=16)
+    assert len(metrics) == 1 and set(metrics[0]) >= KEYS
+    assert tuple(model.input_shape) == (None, 16, 16, 3)
+    assert model.output_shape == (None, 10)
+
+
+@pytest.fixture(scope="module")
+def pretrained(tmp_path_factory: pytest.TempPathFactory) -> str:
+    path = tmp_path_factory.mktemp("weights") / "mobilenet.weights.h5"
+    return tf_transfer.pretrain_backbone(path, epochs=1, seed=1)
+
+
+def _backbone(model: keras.Model) -> keras.Model:
+    return next(layer for layer in model.layers if isinstance(layer, keras.Model))
+
+
+def test_transfer_loads_weights_freezes_backbone_and_trains_head(pretrained: str,
+                                                                 small: Dataset) -> None:
+    out: dict[str, keras.Model] = {}
+    ctx = TrialContext(max_epochs=2, num_threads=2, extras={"model_out": out})
+    config = {"lr": 3e-3, "weights_path": pretrained, "freeze_backbone": True}
+    epochs = tf_transfer.train(config, small, ctx)
+    next(epochs)
+    backbone, head = _backbone(out["model"]), out["model"].layers[-1]
+    before, head_before = backbone.get_weights(), head.get_weights()
+    assert len(list(epochs)) == 1
+    from_file = tf_transfer.make_backbone("mobilenet_v3_small", 32)
+    from_file.load_weights(pretrained)
+    fresh = tf_transfer.make_backbone("mobilenet_v3_small", 32)
+    for now, then, saved in zip(backbone.get_weights(), before, from_file.get_weights(),
+                                strict=True):
+        np.testing.assert_array_equal(now, then)  # frozen: moving statistics included
+        np.testing.assert_array_equal(now, saved)  # what the file holds
+    pairs = zip(from_file.get_weights(), fresh.get_weights(), strict=True)
+    changed = [not np.allclose(a, b) for a, b in pairs]
+    assert sum(changed) > len(changed) // 2  # loading replaced a fresh init
+    assert not np.allclose(head.get_weights()[0], head_before[0])  # the head trains
+
+
+def test_unfreeze_blocks_trains_only_the_last_blocks(small: Dataset) -> None:
+    cfg = common.read_config({"unfreeze_blocks": 2}, tf_transfer.DEFAULTS, tf_transfer.CHOICES)
+    _, backbone = tf_transfer.build_model(cfg, common.from_arrays(small), seed=0)
+    trainable = [layer for layer in backbone.layers if layer.trainable_weights]
+    blocks = {tf_transfer.block_of(layer.name) for layer in trainable}
+    assert blocks == {"expanded_conv_10", "conv_1"}
+    assert not any(isinstance(layer, keras.layers.BatchNormalization) for layer in trainable)
+
+
+def test_pretrain_wants_a_weights_h5_path(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=r"\.weights\.h5"):
+        tf_transfer.pretrain_backbone(tmp_path / "backbone.h5")

@@ -1,0 +1,130 @@
+"""From the framework's numpy :class:`~search.data.Dataset` to PyTorch tensors and loaders.
+
+Images are scaled to [0, 1] by the training split's largest value (16 for the digits), so
+augmentation works on ordinary image ranges; standardization (mean/std of the training split
+only) is the first layer of every model (:class:`Standardize`), so validation inputs are
+never augmented and never leak into the statistics.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from search.data import Dataset as SearchDataset
+
+
+@dataclass(frozen=True)
+class Tensors:
+    """Training and validation tensors in [0, 1], with the training split's statistics."""
+
+    x_train: torch.Tensor
+    y_train: torch.Tensor
+    x_val: torch.Tensor
+    y_val: torch.Tensor
+    mean: torch.Tensor  # per channel, shape (C,)
+    std: torch.Tensor
+    num_classes: int
+    scale: float  # the inputs were divided by this (the training split's largest value)
+
+
+def subsample(
+    x: np.ndarray, y: np.ndarray, fraction: float, seed: int = 0
+) -> tuple[np.ndarray, np.ndarray]:
+    """A stratified ``fraction`` of ``(x, y)``, the same for every trial (fixed ``seed``)."""
+    if fraction >= 1.0:
+        return x, y
+    from sklearn.model_selection import train_test_split
+
+    n_classes = len(np.unique(y))
+    n_keep = max(n_classes, round(fraction * len(y)))
+    x_keep, _, y_keep, _ = train_test_split(x, y, train_size=n_keep, random_state=seed, stratify=y)
+    return x_keep, y_keep
+
+
+def to_tensors(data: SearchDataset, train_fraction: float = 1.0) -> Tensors:
+    """Scales ``data`` to [0, 1] and computes per-channel mean/std on the training split.
+
+    Args:
+        data: The framework's dataset, inputs ``(n, C, H, W)``.
+        train_fraction: Keep only this stratified share of the training split (overfitting demo).
+    """
+    x_tr, y_tr = subsample(data.x_train, data.y_train, train_fraction)
+    scale = float(max(x_tr.max(), 1e-8))
+    x_train = torch.from_numpy(np.ascontiguousarray(x_tr, dtype=np.float32) / scale)
+    x_val = torch.from_numpy(np.ascontiguousarray(data.x_val, dtype=np.float32) / scale)
+    mean = x_train.mean(dim=(0, 2, 3))
+    std = x_train.std(dim=(0, 2, 3)).clamp_min(1e-6)
+    return Tensors(x_train, torch.from_numpy(y_tr).long(), x_val,
+                   torch.from_numpy(data.y_val).long(), mean, std, data.num_classes, scale)
+
+
+class Standardize(torch.nn.Module):
+    """Subtracts the training mean and divides by the training std, per channel."""
+
+    mean: torch.Tensor
+    std: torch.Tensor
+
+    def __init__(self, mean: torch.Tensor, std: torch.Tensor) -> None:
+        super().__init__()
+        self.register_buffer("mean", mean.reshape(1, -1, 1, 1).clone())
+        self.register_buffer("std", std.reshape(1, -1, 1, 1).clone())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return (x - self.mean) / self.std
+
+
+def build_augment(
+    strength: float, hflip: bool = False
+) -> Callable[[torch.Tensor], torch.Tensor] | None:
+    """Random rotation, translation and brightness/contrast jitter, scaled by ``strength``.
+
+    At ``strength`` 1: rotation up to 15 degrees, translation up to 10 % of the image,
+    brightness and contrast factors in [0.7, 1.3]. Applied per training image (so each image
+    gets its own draw), on (C, H, W) tensors in [0, 1].
+
+    Returns:
+        The transform, or None when ``strength`` is 0 and ``hflip`` is off.
+    """
+    from torchvision.transforms import InterpolationMode, v2
+
+    steps: list[torch.nn.Module] = []
+    if strength > 0:
+        shift = 0.1 * strength
+        steps += [
+            v2.RandomAffine(degrees=15 * strength, translate=(shift, shift),
+                            interpolation=InterpolationMode.BILINEAR),
+            v2.ColorJitter(brightness=0.3 * strength, contrast=0.3 * strength),
+        ]
+    if hflip:
+        steps.append(v2.RandomHorizontalFlip())
+    return v2.Compose(steps) if steps else None
+
+
+class ImageDataset(Dataset[tuple[torch.Tensor, torch.Tensor]]):
+    """Indexable ``(image, label)`` pairs with an optional per-image transform."""
+
+    def __init__(self, x: torch.Tensor, y: torch.Tensor,
+                 transform: Callable[[torch.Tensor], torch.Tensor] | None = None) -> None:
+        self.x, self.y, self.transform = x, y, transform
+
+    def __len__(self) -> int:
+        return len(self.y)
+
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, torch.Tensor]:
+        x = self.x[i]
+        return (self.transform(x) if self.transform else x), self.y[i]
+
+
+def train_loader(tensors: Tensors, batch_size: int, seed: int, *, augment: float = 0.0,
+                 hflip: bool = False, num_workers: int = 0, pin_memory: bool = False) -> DataLoader:
+    """The shuffled, optionally augmented training loader (reproducible from ``seed``)."""
+    dataset = ImageDataset(tensors.x_train, tensors.y_train, build_augment(augment, hflip))
+    generator = torch.Generator().manual_seed(seed)
+    return DataLoader(dataset, batch_size=batch_size, shuffle=True, generator=generator,
+                      num_workers=num_workers, pin_memory=pin_memory,
+                      persistent_workers=num_workers > 0)
