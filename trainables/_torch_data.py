@@ -8,8 +8,9 @@ never augmented and never leak into the statistics.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
@@ -44,6 +45,38 @@ def subsample(
     n_keep = max(n_classes, round(fraction * len(y)))
     x_keep, _, y_keep, _ = train_test_split(x, y, train_size=n_keep, random_state=seed, stratify=y)
     return x_keep, y_keep
+
+
+def read_image_folder(path: str, image_size: int, val_fraction: float, seed: int) -> SearchDataset:
+    """A folder of class subfolders, read with ``torchvision.datasets.ImageFolder``.
+
+    Images are resized to ``image_size`` squares in RGB and split into stratified training and
+    validation parts with the spec's ``val_fraction`` and ``split_seed`` (as ``tf_cnn`` does).
+    """
+    from torchvision import datasets
+    from torchvision.transforms import v2
+
+    from search.data import split
+
+    transform = v2.Compose([
+        v2.PILToTensor(), v2.Resize((image_size, image_size), antialias=True),
+    ])
+    folder = datasets.ImageFolder(path, transform=lambda img: transform(img.convert("RGB")))
+    x = np.stack([folder[i][0].numpy() for i in range(len(folder))]).astype(np.float32)
+    y = np.asarray(folder.targets, dtype=np.int64)
+    x_tr, y_tr, x_va, y_va = split(x, y, val_fraction, seed)
+    return SearchDataset(x_tr, y_tr, x_va, y_va, len(folder.classes), "image_folder", path,
+                         image_size)
+
+
+def materialize(data: SearchDataset, extras: Mapping[str, Any]) -> SearchDataset:
+    """The arrays to train on: ``data`` itself, or its image folder read from disk."""
+    if not data.path:
+        return data
+    return read_image_folder(
+        data.path, int(data.image_size or 32), float(extras.get("val_fraction", 0.2)),
+        int(extras.get("split_seed", 0)),
+    )
 
 
 def to_tensors(data: SearchDataset, train_fraction: float = 1.0) -> Tensors:

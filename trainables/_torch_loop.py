@@ -157,6 +157,9 @@ def fit_epochs(model: torch.nn.Module, tensors: Tensors, cfg: Mapping[str, Any],
                           hflip=cfg.get("hflip", False), num_workers=cfg["num_workers"],
                           pin_memory=cfg["pin_memory"] and device.type == "cuda")
     fit = make_fitting(model, cfg, ctx, device, len(loader))
+    out = ctx.extras.get("model_out")  # the export hook's handle on the model (as in _tf_common)
+    if isinstance(out, dict):
+        out.update(model=model, tensors=tensors)
     x_val, y_val = tensors.x_val.to(device), tensors.y_val.to(device)
     stopper = EarlyStopping(cfg["early_stopping_patience"], cfg["early_stopping_min_delta"])
     first = 1

@@ -22,7 +22,7 @@ from torch import nn
 from search.data import Dataset
 from search.trainable import Metrics, TrialContext
 from trainables._torch_common import AUGMENT_DEFAULTS, COMMON_DEFAULTS, setup
-from trainables._torch_data import Standardize, Tensors, to_tensors
+from trainables._torch_data import Standardize, Tensors, materialize, to_tensors
 from trainables._torch_loop import fit_epochs
 
 DEFAULTS: dict[str, Any] = {
@@ -55,6 +55,6 @@ def train(config: Mapping[str, Any], data: Dataset, ctx: TrialContext) -> Iterat
     cfg, device = setup(config, DEFAULTS, ctx)
     if not 0.0 < cfg["train_fraction"] <= 1.0:
         raise ValueError(f"train_fraction must be in (0, 1], got {cfg['train_fraction']}")
-    tensors = to_tensors(data, cfg["train_fraction"])
+    tensors = to_tensors(materialize(data, ctx.extras), cfg["train_fraction"])
     model = build_model(cfg, tensors)
     yield from fit_epochs(model, tensors, cfg, ctx, device)

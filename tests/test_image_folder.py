@@ -1,0 +1,75 @@
+"""`data: {name: image_folder}`: a PNG tree on disk, read by each framework's own reader."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from search.data import image_folder, load_digits
+from search.runner import RunOptions, run_study
+from search.spec import parse_spec
+from search.study import load_study
+from search.trainable import TrialContext
+from tests.conftest import base_spec
+
+
+@pytest.fixture(scope="module")
+def png_tree(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """10 class folders of upscaled digits, 16x16 PNGs, 16 images each."""
+    from PIL import Image
+
+    root = tmp_path_factory.mktemp("pngs")
+    digits = load_digits(0.2, 0)
+    counts = dict.fromkeys(range(10), 0)
+    for image, label in zip(digits.x_train[:, 0], digits.y_train, strict=True):
+        if counts[int(label)] >= 16:
+            continue
+        folder = root / f"digit_{label}"
+        folder.mkdir(exist_ok=True)
+        pixels = (image / 16.0 * 255).astype(np.uint8)
+        Image.fromarray(pixels).resize((16, 16)).save(folder / f"{counts[int(label)]}.png")
+        counts[int(label)] += 1
+    return root
+
+
+def test_layout_is_read_without_loading_images(png_tree: Path, tmp_path: Path) -> None:
+    data = image_folder(png_tree, 16)
+    assert data.num_classes == 10 and data.path == str(png_tree) and len(data.x_train) == 0
+    with pytest.raises(FileNotFoundError, match="data.path"):
+        image_folder(tmp_path / "absent", 16)
+
+
+@pytest.mark.torch
+def test_torch_reads_the_folder_with_image_folder(png_tree: Path) -> None:
+    from trainables import torch_cnn
+    from trainables._torch_data import materialize
+
+    data = image_folder(png_tree, 16)
+    arrays = materialize(data, {"val_fraction": 0.25, "split_seed": 0})
+    assert arrays.x_train.shape[1:] == (3, 16, 16)
+    assert len(arrays.x_train) + len(arrays.x_val) == 160 and len(arrays.x_val) == 40
+    ctx = TrialContext(max_epochs=2, extras={"val_fraction": 0.25, "split_seed": 0})
+    rows = list(torch_cnn.train({"channels": 8, "lr": 3e-3}, data, ctx))
+    assert len(rows) == 2 and 0.0 <= rows[-1]["val_accuracy"] <= 1.0
+
+
+@pytest.mark.torch
+@pytest.mark.ray
+@pytest.mark.slow
+def test_a_study_on_an_image_folder_through_ray(ray_local: None, png_tree: Path, tmp_path: Path) -> None:
+    spec = parse_spec(
+        base_spec(
+            tmp_path,
+            study="folder",
+            trainable="torch_cnn",
+            data={"name": "image_folder", "path": str(png_tree), "image_size": 16},
+            budget={"trials": 2, "max_epochs": 2},
+            fixed={"channels": 8},
+            space={"lr": {"loguniform": [1e-3, 1e-2]}},
+        )
+    )
+    run_study(spec, RunOptions(results_dir=tmp_path / "results", progress=False))
+    trials = load_study("folder", spec.storage).trials
+    assert len(trials) == 2 and all(t.state.name in ("COMPLETE", "PRUNED") for t in trials)
