@@ -88,6 +88,10 @@ class OptunaBridge(Searcher):
             return
         if result:
             self._add(trial_id, result)
+            # Ray marks a result done when the trial ended itself or its scheduler stopped
+            # it; a trial stopped by the time budget (or Ctrl-C) ends on a result that is not.
+            if not error and not result.get("done", False):
+                self._live[trial_id][1].interrupted = True
         if error:
             # The error's text arrives just after, through ErrorCallback.on_trial_error.
             self._live[trial_id][1].errored = True
@@ -98,6 +102,11 @@ class OptunaBridge(Searcher):
         """Called by the scheduler when it stops a trial before its epoch budget."""
         if trial_id in self._live:
             self._live[trial_id][1].pruned = True
+
+    def mark_interrupted(self, trial_id: str) -> None:
+        """Called by the deadline stopper when it cuts a trial short."""
+        if trial_id in self._live:
+            self._live[trial_id][1].interrupted = True
 
     def record_error(self, trial_id: str, message: str) -> None:
         """Called by :class:`ErrorCallback` with the one-line summary of a trial's error."""
@@ -112,11 +121,10 @@ class OptunaBridge(Searcher):
             self._live[trial_id][1].retries += 1
 
     def finalize(self) -> None:
-        """Tells every trial still open (errored, or never started) its fate."""
+        """Tells every trial still open its fate: errored, or cut off when the study ended."""
         for trial_id in list(self._live):
             record = self._live[trial_id][1]
-            if not record.curve and not record.errored:
-                record.error = "never started: the study ended first"
+            record.interrupted = not record.errored
             self._finish(trial_id)
 
     def _add(self, trial_id: str, result: Mapping[str, Any]) -> None:

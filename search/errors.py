@@ -3,6 +3,16 @@
 from __future__ import annotations
 
 
+def one_line(text: str) -> str:
+    r"""``text`` with line breaks and other unprintable characters escaped: one console line.
+
+    Example:
+        >>> print(one_line("bad\nkey\r"))
+        bad\nkey\r
+    """
+    return "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in text)
+
+
 class SearchError(Exception):
     """Base class of the errors that users can fix; ``str()`` is the whole message."""
 
@@ -22,5 +32,6 @@ class SpecError(SearchError):
 
     def __init__(self, source: str, field: str, message: str) -> None:
         self.source, self.field, self.message = source, field, message
-        parts = [source, field, " ".join(message.split())]
+        # A file name or a key may hold a line break; the message is one line all the same.
+        parts = [one_line(source), one_line(field), " ".join(message.split())]
         super().__init__(": ".join(p for p in parts if p))

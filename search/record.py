@@ -5,6 +5,8 @@ Pure code, no Ray and no storage: the bridge feeds Ray's results in, and reads t
 The rules:
     * a non-finite metric or loss, or a trial that raised -> ``FAIL`` with the reason;
     * stopped by the scheduler before the epoch budget -> ``PRUNED``;
+    * stopped from outside (``budget.time_limit_s``, Ctrl-C) after some epochs -> ``PRUNED``
+      with ``stopped_by``, before its first epoch -> ``FAIL``;
     * trained to the end, or stopped by its own early-stopping rule -> ``COMPLETE`` with the
       metric of its last epoch;
     * never trained an epoch -> ``FAIL`` ("no epoch reported").
@@ -54,6 +56,7 @@ class TrialRecord:
     error: str | None = None
     errored: bool = False
     retries: int = 0
+    interrupted: bool = False
 
     def add(self, result: Mapping[str, Any]) -> tuple[int, float] | None:
         """Takes one reported result; returns ``(epoch, value)`` if it is a new epoch."""
@@ -78,13 +81,13 @@ class TrialRecord:
         if reason is None and self.errored:
             reason = "the trial raised an error"
         if reason is None and not self.curve:
-            reason = "no epoch reported"
+            reason = "ended before its first epoch (time limit or interrupt)"
         if reason is not None:
             return TrialState.FAIL, None, str(reason)
         value = self.curve[self.epochs]
         if not math.isfinite(value):
             return TrialState.FAIL, None, nonfinite_reason({self.metric: value}, self.epochs)
-        if self.pruned and self.epochs < self.max_epochs:
+        if (self.pruned or self.interrupted) and self.epochs < self.max_epochs:
             return TrialState.PRUNED, value, None
         return TrialState.COMPLETE, value, None
 
@@ -95,6 +98,8 @@ class TrialRecord:
             "seconds": round(float(self.last.get("time_total_s", 0.0)), 3),
             "retries": self.retries,
         }
+        if self.interrupted and not self.pruned and self.epochs < self.max_epochs:
+            attrs["stopped_by"] = "time limit or interrupt"
         for key in (DEVICE, NODE):
             if key in self.last:
                 attrs[key.removeprefix(RESERVED_PREFIX)] = self.last[key]

@@ -9,8 +9,8 @@ records it as an intermediate value; when the trial ends the bridge tells the st
 from __future__ import annotations
 
 import logging
-import math
 import os
+import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -19,13 +19,23 @@ from typing import TYPE_CHECKING, Any
 
 from search.bridge import ErrorCallback, OptunaBridge
 from search.data import load_data
-from search.progress import ProgressCallback
+from search.preflight import use_cluster_token
+from search.placement import (
+    OOM_RETRIES,
+    OomRetry,
+    Placement,
+    measure,
+    resolve,
+    supports_data_parallel,
+)
+from search.progress import ProgressCallback, asha_milestones
 from search.resume import earlier_curves, recover
 from search.samplers import grid_size
-from search.scheduler import PruneReportingASHA, build_scheduler
+from search.scheduler import DeadlineStopper, PruneReportingASHA, build_scheduler
 from search.storage import redact
 from search.study import open_study
 from search.worker import TrialJob, run_trial
+from search.writeback import WriteBehindStorage
 
 if TYPE_CHECKING:
     from ray.tune import Callback
@@ -68,16 +78,34 @@ class RunSummary:
     """Trials an earlier, dead driver left open, now FAIL and replaced."""
 
 
-def init_ray(address: str | None, num_cpus: int | None = None) -> None:
-    """Starts a local Ray (or joins ``address``) unless this process already has one."""
+NUM_CPUS_ENV = "SEARCH_NUM_CPUS"
+NUM_GPUS_ENV = "SEARCH_NUM_GPUS"
+"""Logical CPUs and GPUs of the local Ray a run starts (Ray accepts GPUs a machine lacks:
+placement tests use 4 logical GPUs on a CPU machine); unset: what the machine has."""
+
+
+def init_ray(address: str | None, num_cpus: int | None = None,
+             num_gpus: int | None = None) -> None:
+    """Starts a local Ray (or joins ``address``) unless this process already has one.
+
+    ``num_cpus`` and ``num_gpus`` (else ``$SEARCH_NUM_CPUS`` and ``$SEARCH_NUM_GPUS``) set the
+    local Ray's logical resources; a cluster joined at ``address`` has its own.
+    """
     import ray
+
+    if num_cpus is None and os.environ.get(NUM_CPUS_ENV):
+        num_cpus = int(os.environ[NUM_CPUS_ENV])
+    if num_gpus is None and os.environ.get(NUM_GPUS_ENV):
+        num_gpus = int(os.environ[NUM_GPUS_ENV])
 
     os.environ.update({k: v for k, v in _RAY_ENV.items() if k not in os.environ})
     if ray.is_initialized():
         return
+    use_cluster_token(address)  # Ray 2.60 clusters want RAY_AUTH_MODE=token from drivers
     ray.init(
         address=address,
         num_cpus=None if address else num_cpus,
+        num_gpus=None if address else num_gpus,
         include_dashboard=False,
         logging_level=logging.WARNING,
         log_to_driver=False,
@@ -85,18 +113,30 @@ def init_ray(address: str | None, num_cpus: int | None = None) -> None:
     )
 
 
-def _concurrency(spec: StudySpec) -> int:
+def place(spec: StudySpec, data: Dataset) -> Placement:
+    """Resolves the spec's ``resources`` on the cluster Ray runs (:mod:`search.placement`);
+    ``gpus_per_trial: auto`` on GPUs first measures the largest config on one GPU."""
     import ray
 
-    if spec.resources.max_concurrent:
-        return spec.resources.max_concurrent
-    cpus = ray.cluster_resources().get("CPU", 1.0)
-    return max(1, math.floor(cpus / spec.resources.cpus_per_trial))
+    res, cluster = spec.resources, ray.cluster_resources()
+    measured = None
+    if res.gpus_per_trial == "auto" and cluster.get("GPU", 0) > 0:
+        measured = measure(spec, data, trial_extras(spec, data))
+    several = (res.workers_per_trial or 1) > 1 or (
+        res.gpus_per_trial != "auto" and res.gpus_per_trial >= 2)
+    parallel = supports_data_parallel(spec.trainable) if several else True
+    return resolve(res, cluster, measured, data_parallel=parallel)
 
 
-def trial_extras(spec: StudySpec, data: Dataset) -> dict[str, Any]:
-    """Spec-level options every trial may read through ``TrialContext.extras``."""
+def trial_extras(spec: StudySpec, data: Dataset,
+                 placement: Placement | None = None) -> dict[str, Any]:
+    """Spec-level options every trial may read through ``TrialContext.extras``.
+
+    With ``placement``: ``gpu_memory_fraction`` (the cap on the trial's GPU allocator, or
+    None), ``gpu_share`` and ``gpu_total_bytes`` (see :mod:`search.placement`).
+    """
     return {
+        **(placement.extras() if placement else {}),
         "profile": spec.profile,
         "profile_trial": spec.profile_trial,
         "data_path": data.path,
@@ -106,11 +146,21 @@ def trial_extras(spec: StudySpec, data: Dataset) -> dict[str, Any]:
     }
 
 
+def _deadline(spec: StudySpec, bridge: OptunaBridge) -> DeadlineStopper | None:
+    if spec.budget.time_limit_s is None:
+        return None
+    return DeadlineStopper(spec.budget.time_limit_s, bridge.mark_interrupted)
+
+
 def _progress(spec: StudySpec, bridge: OptunaBridge, options: RunOptions) -> list[Callback]:
     if not options.progress:
         return []
-    objective = spec.objective
-    return [ProgressCallback(bridge, objective.metric, objective.mode, spec.budget.trials)]
+    objective, budget, asha = spec.objective, spec.budget, spec.asha
+    rungs = (asha_milestones(asha.grace_period, asha.reduction_factor, budget.max_epochs)
+             if asha.enabled else [])
+    return [ProgressCallback(bridge, objective.metric, objective.mode, budget.trials,
+                             milestones=rungs, max_epochs=budget.max_epochs,
+                             time_limit_s=budget.time_limit_s)]
 
 
 def run_study(spec: StudySpec, options: RunOptions = RunOptions()) -> RunSummary:
@@ -130,9 +180,16 @@ def run_study(spec: StudySpec, options: RunOptions = RunOptions()) -> RunSummary
     if budget <= 0:
         return RunSummary(spec.study, redact(spec.storage), 0.0, 0, recovery.interrupted)
     init_ray(options.address)
+    # Trial writes (attributes, intermediate values, final state) leave Tune's loop: a
+    # background thread commits them in order (search/writeback.py, README "Performance").
+    storage = WriteBehindStorage(study._storage)
+    study = optuna.Study(study_name=spec.study, storage=storage, sampler=study.sampler)
     if options.verbose == 0:  # trial errors reach the study and the console as one line each
         logging.getLogger("ray.tune").setLevel(logging.CRITICAL)
     data = load_data(spec.data)
+    placement = place(spec, data)
+    if options.progress and placement.note:
+        print(placement.note, file=sys.stderr)
     bridge = OptunaBridge(
         study,
         spec.space,
@@ -145,24 +202,25 @@ def run_study(spec: StudySpec, options: RunOptions = RunOptions()) -> RunSummary
     job = TrialJob(
         trainable=spec.trainable,
         max_epochs=spec.budget.max_epochs,
-        num_threads=max(1, int(spec.resources.cpus_per_trial)),
+        num_threads=placement.num_threads,
         checkpoints=spec.faults.checkpoints,
-        extras=trial_extras(spec, data),
+        workers=placement.workers,
+        extras=trial_extras(spec, data, placement),
     )
     scheduler = build_scheduler(spec, bridge.mark_pruned)
     if isinstance(scheduler, PruneReportingASHA):
         scheduler.restore_rungs(earlier_curves(study))
     trainable = tune.with_resources(
-        tune.with_parameters(run_trial, job=job, data=data),
-        {"cpu": spec.resources.cpus_per_trial, "gpu": spec.resources.gpus_per_trial},
+        tune.with_parameters(run_trial, job=job, data=data), placement.ray_resources
     )
+    packed = 0 < placement.gpus_per_trial < 1  # an out-of-memory trial retries with more GPU
+    max_failures = max(spec.faults.max_failures, OOM_RETRIES if packed else 0)
     tuner = tune.Tuner(
         trainable,
         tune_config=tune.TuneConfig(
-            search_alg=ConcurrencyLimiter(bridge, max_concurrent=_concurrency(spec)),
+            search_alg=ConcurrencyLimiter(bridge, max_concurrent=placement.concurrency),
             scheduler=scheduler,
             num_samples=budget,
-            time_budget_s=spec.budget.time_limit_s,
             reuse_actors=True,
         ),
         run_config=tune.RunConfig(
@@ -170,18 +228,23 @@ def run_study(spec: StudySpec, options: RunOptions = RunOptions()) -> RunSummary
             storage_path=str((options.results_dir / "ray").resolve()),
             callbacks=[
                 ErrorCallback(bridge),
+                *([OomRetry()] if packed else []),
                 *_progress(spec, bridge, options),
                 *options.callbacks,
             ],
             verbose=options.verbose,
-            failure_config=tune.FailureConfig(max_failures=spec.faults.max_failures),
+            stop=_deadline(spec, bridge),
+            failure_config=tune.FailureConfig(max_failures=max_failures),
             checkpoint_config=tune.CheckpointConfig(num_to_keep=1),
         ),
     )
     try:
         tuner.fit()
     finally:
-        bridge.finalize()
+        try:
+            bridge.finalize()
+        finally:
+            storage.close()
     return RunSummary(
         study_name=spec.study,
         storage=redact(spec.storage),

@@ -8,10 +8,12 @@ subclass reports the second kind, so the study can record PRUNED truthfully.
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from ray.tune.schedulers import AsyncHyperBandScheduler, FIFOScheduler, TrialScheduler
+from ray.tune.stopper import Stopper
 
 if TYPE_CHECKING:
     from ray.tune.experiment import Trial
@@ -54,6 +56,31 @@ class PruneReportingASHA(AsyncHyperBandScheduler):
         if decision == TrialScheduler.STOP and result.get(self._time_attr, 0) < self._max_t:
             self._on_prune(trial.trial_id)
         return decision
+
+
+class DeadlineStopper(Stopper):
+    """Ends the study at ``budget.time_limit_s`` and tells the bridge which trials it cut.
+
+    Ray's own ``time_budget_s`` stops trials with a result that looks like any finished one,
+    so the study could not tell a trial cut by the clock from one that ended by itself.
+
+    Args:
+        seconds: The wall-clock budget, counted from construction.
+        on_stop: Receives the Ray trial id of every trial the deadline stops.
+    """
+
+    def __init__(self, seconds: float, on_stop: Callable[[str], None]) -> None:
+        self._deadline = time.monotonic() + seconds
+        self._on_stop = on_stop
+
+    def __call__(self, trial_id: str, result: dict) -> bool:
+        if time.monotonic() < self._deadline:
+            return False
+        self._on_stop(trial_id)
+        return True
+
+    def stop_all(self) -> bool:
+        return time.monotonic() >= self._deadline
 
 
 def build_scheduler(spec: StudySpec, on_prune: Callable[[str], None]) -> TrialScheduler:

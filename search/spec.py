@@ -12,12 +12,21 @@ Example:
 
 from __future__ import annotations
 
+import math
 import re
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from search.errors import SpecError
 from search.space import Param, check_space, grid
@@ -85,11 +94,50 @@ class SamplerSpec(_Strict):
 
 
 class ResourcesSpec(_Strict):
-    """What each trial gets, and how many run at once."""
+    """What each trial gets, and how many run at once (see :mod:`search.placement`).
 
-    cpus_per_trial: float = Field(1.0, gt=0)
-    gpus_per_trial: float = Field(0.0, ge=0)
+    ``cpus_per_trial``: unset means 1, or under ``gpus_per_trial: auto`` the machine's cores
+    shared among the trials that run at once. ``gpus_per_trial``: a fraction packs trials onto
+    one GPU, 1 or more (whole numbers) gives each trial whole GPUs, ``auto`` measures the
+    largest config and packs as many trials per GPU as fit (CPUs only when there is no GPU).
+    ``workers_per_trial``: processes that train one trial data-parallel (DDP); defaults to
+    ``gpus_per_trial`` when that is 2 or more, and forces gloo workers on CPU when set there.
+    ``memory_headroom``: share added to the measured peak memory when ``auto`` packs.
+    """
+
+    cpus_per_trial: float | None = Field(None, gt=0)
+    gpus_per_trial: float | Literal["auto"] = 0.0
     max_concurrent: int | None = Field(None, ge=1)
+    workers_per_trial: int | None = Field(None, ge=1, le=64)
+    memory_headroom: float = Field(0.25, ge=0.0, le=4.0)
+
+    @field_validator("gpus_per_trial", mode="before")
+    @classmethod
+    def _gpus(cls, value: Any) -> Any:
+        if value == "auto":
+            return value
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ValueError(f"expected a number >= 0 or 'auto', got {value!r}")
+        if value < 0 or (value > 1 and value != int(value)):
+            raise ValueError(
+                f"expected a fraction up to 1, a whole number of GPUs, or 'auto', got {value!r}"
+            )
+        return float(value)
+
+    @field_validator("workers_per_trial")
+    @classmethod
+    def _workers_fit(cls, workers: int | None, info: ValidationInfo) -> int | None:
+        gpus = info.data.get("gpus_per_trial", 0.0)
+        if workers is None or workers == 1 or gpus is None:
+            return workers
+        if gpus == "auto" or 0 < gpus < 1:
+            raise ValueError(f"several workers need whole GPUs (or none), not gpus_per_trial {gpus}")
+        if gpus >= 1 and workers != int(gpus):
+            raise ValueError(
+                f"each worker trains on one of the trial's {int(gpus)} GPUs; set {int(gpus)} or "
+                f"leave it out, got {workers}"
+            )
+        return workers
 
 
 class FaultsSpec(_Strict):
@@ -140,7 +188,10 @@ class StudySpec(_Strict):
 
     def to_dict(self) -> dict[str, Any]:
         """The spec as plain YAML/JSON-ready data (round-trips through validation)."""
-        return self.model_dump(mode="json", exclude_none=True)
+        data = self.model_dump(mode="json", exclude_none=True)
+        if self.sampler.seed is None:  # an unseeded sampler, not the default seed 0
+            data["sampler"]["seed"] = None
+        return data
 
 
 def _error_line(exc: ValidationError) -> tuple[str, str]:
@@ -157,6 +208,23 @@ def _error_line(exc: ValidationError) -> tuple[str, str]:
     return loc, msg
 
 
+def _non_finite(data: Any, path: str = "") -> tuple[str, float] | None:
+    """The first NaN or infinite number in ``data``, as (dotted path, value)."""
+    if isinstance(data, float) and not math.isfinite(data):
+        return path, data
+    if isinstance(data, dict):
+        items: list[tuple[Any, Any]] = list(data.items())
+    elif isinstance(data, list | tuple):
+        items = list(enumerate(data))
+    else:
+        return None
+    for key, value in items:
+        found = _non_finite(value, f"{path}.{key}" if path else str(key))
+        if found is not None:
+            return found
+    return None
+
+
 def parse_spec(data: Any, source: str = "<spec>") -> StudySpec:
     """Validates already-loaded spec data.
 
@@ -167,6 +235,14 @@ def parse_spec(data: Any, source: str = "<spec>") -> StudySpec:
         raise SpecError(
             source, "", f"expected a mapping at the top level, got {type(data).__name__}"
         )
+    # NaN and infinities pass pydantic's bounds but become null in the stored spec and in
+    # best.yaml (JSON has neither); no field means them.
+    try:
+        bad = _non_finite(data)
+    except RecursionError:
+        raise SpecError(source, "", "nested too deeply") from None
+    if bad is not None:
+        raise SpecError(source, bad[0], f"expected a finite number, got {bad[1]}")
     try:
         return StudySpec.model_validate(data)
     except ValidationError as exc:
@@ -181,13 +257,19 @@ def load_spec(path: str | Path) -> StudySpec:
         text = path.read_text()
     except OSError as exc:
         raise SpecError(str(path), "", f"cannot read file ({exc.strerror})") from None
+    except UnicodeDecodeError:
+        raise SpecError(str(path), "", "cannot read file (not UTF-8 text)") from None
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
-        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         problem = getattr(exc, "problem", None) or "invalid YAML"
-        raise SpecError(str(path), "", f"YAML syntax error at {where}{problem}") from None
+        raise SpecError(str(path), "", f"YAML syntax error{where}: {problem}") from None
+    except RecursionError:
+        raise SpecError(str(path), "", "YAML nested too deeply") from None
+    except ValueError as exc:  # e.g. an integer of more than 4300 digits
+        raise SpecError(str(path), "", f"YAML value not readable: {exc}") from None
     return parse_spec(data, str(path))
 
 

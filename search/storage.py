@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
+from urllib.parse import quote
 
 import optuna
 
@@ -20,10 +21,29 @@ SQLITE_TIMEOUT_S = 60
 def expand(url: str) -> str:
     """Replaces ``${VAR}`` in ``url`` with the environment's value (for passwords).
 
+    A value in the ``user:password@`` part is percent-encoded, so a password holding ``@``,
+    ``/`` or ``:`` stays whole (SQLAlchemy decodes it) instead of spilling into the host name,
+    and from there into error messages.
+
+    Example:
+        >>> os.environ["DOC_PW"] = "p@ss/w:rd"
+        >>> expand("postgresql://bob:${DOC_PW}@db/optuna")
+        'postgresql://bob:p%40ss%2Fw%3Ard@db/optuna'
+
     Raises:
         KeyError: When a named variable is not set.
     """
-    return _VAR.sub(lambda m: os.environ[m.group(1)], url)
+
+    def plain(text: str) -> str:
+        return _VAR.sub(lambda m: os.environ[m.group(1)], text)
+
+    scheme, sep, rest = url.partition("://")
+    authority, slash, path = rest.partition("/")
+    userinfo, at, host = authority.rpartition("@")
+    if not sep or not at:
+        return plain(url)
+    quoted = _VAR.sub(lambda m: quote(os.environ[m.group(1)], safe=""), userinfo)
+    return f"{scheme}{sep}{quoted}{at}{plain(host)}{slash}{plain(path)}"
 
 
 def redact(url: str) -> str:
@@ -34,13 +54,26 @@ def redact(url: str) -> str:
         'postgresql://bob:***@db:5432/optuna'
         >>> redact("postgresql://bob:${PGPASSWORD}@db/optuna")  # a reference is no secret
         'postgresql://bob:${PGPASSWORD}@db/optuna'
+        >>> redact("postgresql://:s3cret@db/optuna?sslmode=require&password=s3cret")
+        'postgresql://:***@db/optuna?sslmode=require&password=***'
     """
-    return re.sub(r"(://[^:/@]+:)(?!\$\{)[^@]*@", r"\1***@", url)
+    url = re.sub(r"(://[^:/@]*:)(?!\$\{\w+\}@)[^@]*@", r"\1***@", url)
+    return re.sub(r"([?&]password=)(?!\$\{\w+\}(?:&|$))[^&]*", r"\1***", url)
+
+
+def with_driver(url: str) -> str:
+    """``postgresql://`` made explicit as ``postgresql+psycopg://`` (psycopg 3, a dependency),
+    whatever SQLAlchemy's default driver for the scheme is."""
+    return (
+        "postgresql+psycopg://" + url[len("postgresql://") :]
+        if url.startswith("postgresql://")
+        else url
+    )
 
 
 def open_storage(url: str) -> optuna.storages.BaseStorage:
     """An Optuna storage for ``url``; SQLite files get their folder, WAL and a busy timeout."""
-    real = expand(url)
+    real = with_driver(expand(url))
     if not real.startswith("sqlite:///"):
         return optuna.storages.RDBStorage(real, heartbeat_interval=None)
     path = Path(real.removeprefix("sqlite:///"))

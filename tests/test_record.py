@@ -47,7 +47,7 @@ def test_error_and_nothing_reported_are_fail() -> None:
     record = _record([0.4])
     record.errored = True
     assert record.fate()[0] == TrialState.FAIL
-    assert TrialRecord("acc", 3).fate() == (TrialState.FAIL, None, "no epoch reported")
+    assert TrialRecord("acc", 3).fate()[2] == "ended before its first epoch (time limit or interrupt)"
 
 
 def test_one_value_per_epoch_even_when_result_repeats() -> None:
@@ -61,3 +61,10 @@ def test_nonfinite_reason_and_error_summary() -> None:
     assert nonfinite_reason({"a": 1.0, "loss": float("-inf")}, 4) == "loss is -inf at epoch 4"
     assert nonfinite_reason({"a": 1.0}, 1) is None
     assert error_summary(ValueError("bad\nthings happened")) == "ValueError: things happened"
+
+
+def test_stopped_from_outside_is_pruned_and_says_so() -> None:
+    record = _record([0.1, 0.2])
+    record.interrupted = True
+    assert record.fate()[0] == TrialState.PRUNED
+    assert record.user_attrs()["stopped_by"] == "time limit or interrupt"

@@ -176,3 +176,27 @@ def test_stock_searcher_gets_it_wrong_and_ours_right(ray_local: None, tmp_path: 
     short = [t for t in stock.trials if len(t.intermediate_values) < MAX_EPOCHS]
     assert "PRUNED" not in states  # ASHA stopped some, yet none is recorded as pruned
     assert short  # and their curves miss epochs
+
+
+def test_time_limit_stops_trials_and_records_them_truthfully(
+    ray_local: None, tmp_path: Path
+) -> None:
+    spec = parse_spec(
+        base_spec(
+            tmp_path,
+            study="clock",
+            budget={"trials": 4, "max_epochs": 100, "time_limit_s": 12},
+            asha={"enabled": False},
+            fixed={"sleep": 0.3},
+        )
+    )
+    run_study(spec, RunOptions(results_dir=tmp_path / "results", progress=False))
+    trials = load_study("clock", spec.storage).trials
+    assert trials and all(t.state.is_finished() for t in trials)
+    for t in trials:
+        epochs = t.user_attrs["epochs"]
+        if t.state.name == "PRUNED":
+            assert t.user_attrs["stopped_by"] == "time limit or interrupt" and 0 < epochs < 100
+        else:  # nothing trains 100 epochs of 0.3 s in 12 s, so nothing else can be COMPLETE
+            assert t.state.name == "FAIL" and epochs == 0, (t.number, t.state.name, epochs)
+    assert any(t.state.name == "PRUNED" for t in trials)
