@@ -15,7 +15,7 @@ from typing import Annotated, Any, TypeVar
 import typer
 from rich.console import Console
 
-from search.errors import SearchError
+from search.errors import SearchError, one_line
 from search.spec import DEFAULT_STORAGE
 
 app = typer.Typer(
@@ -36,7 +36,7 @@ def one_line_errors(fn: F) -> F:
         try:
             return fn(*args, **kwargs)
         except SearchError as exc:
-            typer.echo(f"error: {exc}", err=True)
+            typer.echo(f"error: {one_line(str(exc))}", err=True)
             raise typer.Exit(2) from None
 
     return wrapper  # type: ignore[return-value]
@@ -62,6 +62,7 @@ def run(
     ] = False,
 ) -> None:
     """Run a study: sample configs, train them as Ray Tune trials, record them in Optuna."""
+    from search.preflight import check_run
     from search.results import write_results
     from search.runner import RunOptions, run_study
     from search.spec import load_spec, with_overrides
@@ -79,12 +80,20 @@ def run(
             "sampler.seed": seed,
         },
     )
+    # Storage, data and the Ray cluster: one line and exit 2 now, not a hang or a traceback later.
+    check_run(
+        parsed,
+        address,
+        storage_field="--storage" if storage else f"{spec}: storage",
+        data_field=f"{spec}: data",
+    )
     summary = run_study(
         parsed, RunOptions(results_dir=results, address=address, verbose=verbose, restart=restart)
     )
     done = load_study(parsed.study, parsed.storage)
     folder = write_results(done, parsed, results)
     print_summary(console, done, summary, folder)
+    _report_after_run(done.study_name, parsed.storage, results)
 
 
 @app.command("trials")
@@ -94,9 +103,11 @@ def trials_cmd(
     storage: StorageOpt = DEFAULT_STORAGE,
 ) -> None:
     """Print a study's trials as a table."""
+    from search.preflight import check_storage
     from search.study import load_study
     from search.summary import print_trials
 
+    check_storage(storage, "--storage")
     print_trials(console, load_study(study, storage))
 
 
@@ -109,6 +120,7 @@ def dashboard(
 ) -> None:
     """Serve optuna-dashboard on the storage (loopback only unless --host says otherwise)."""
     from search.dashboard import is_loopback, port_is_free, serve
+    from search.preflight import check_storage
     from search.storage import redact
 
     if not is_loopback(host):
@@ -119,8 +131,92 @@ def dashboard(
         )
     if not port_is_free(host, port):
         raise SearchError(f"--port: {host}:{port} is already in use; pick another port")
+    check_storage(storage, "--storage")
     typer.echo(f"optuna-dashboard on http://{host}:{port} for {redact(storage)}", err=True)
     serve(storage, host, port)
+
+
+def _report_after_run(study: str, storage: str, results: Path) -> None:
+    """Writes the study's report at the end of ``run``; a failure costs a warning, not the run."""
+    from search.report import report_study
+
+    try:
+        path = report_study(study, storage, results)
+    except Exception as exc:  # the run itself succeeded; the report is a convenience
+        typer.echo(f"warning: report not written: {one_line(str(exc))}", err=True)
+        return
+    console.print(f"report {path}")
+
+
+@app.command()
+@one_line_errors
+def export(
+    study: Annotated[str, typer.Argument(help="Study name.")],
+    storage: StorageOpt = DEFAULT_STORAGE,
+    out: Annotated[
+        Path | None, typer.Option(help="Bundle folder (default results/<study>/export).")
+    ] = None,
+    top_k: Annotated[int, typer.Option(min=1, help="Configs to confirm.")] = 3,
+    seeds: Annotated[int, typer.Option(min=1, help="Fresh seeds per config.")] = 3,
+    results: Annotated[Path, typer.Option(help="Folder for results.")] = Path("results"),
+    address: Annotated[str | None, typer.Option(help="Ray cluster to join.")] = None,
+) -> None:
+    """Confirm the top configs with fresh seeds, retrain the winner, write a model bundle."""
+    from search.export import export_study
+    from search.preflight import check_storage
+
+    check_storage(storage, "--storage")
+    export_study(study, storage, out, top_k=top_k, seeds=seeds, address=address,
+                 results_dir=results, log=lambda line: console.print(line, markup=False))
+
+
+@app.command()
+@one_line_errors
+def report(
+    study: Annotated[str, typer.Argument(help="Study name.")],
+    storage: StorageOpt = DEFAULT_STORAGE,
+    results: Annotated[Path, typer.Option(help="Folder for results.")] = Path("results"),
+) -> None:
+    """Write results/<study>/report.html (offline plotly figures) and figures/*.png."""
+    from search.preflight import check_storage
+    from search.report import report_study
+
+    check_storage(storage, "--storage")
+    console.print(f"report {report_study(study, storage, results)}")
+
+
+@app.command()
+@one_line_errors
+def train(
+    spec: Annotated[Path, typer.Argument(help="A spec of fixed parameters (config.yaml).")],
+    out: Annotated[
+        Path | None, typer.Option(help="Save the model there through the export hook.")
+    ] = None,
+) -> None:
+    """Train one config again, in this process, without Ray (export's config.yaml, best.yaml).
+
+    When a metrics.json from export sits next to the spec, the result is compared with the
+    exported metric; the command exits 1 when it is further away than the stated tolerance.
+    """
+    import json
+
+    from search.export import train_spec
+    from search.spec import load_spec
+
+    parsed = load_spec(spec)
+    metric = parsed.objective.metric
+    final = train_spec(parsed, out, log=lambda line: console.print(line, markup=False))
+    console.print(f"{metric} {final[metric]:.4f}")
+    exported = spec.parent / "metrics.json"
+    if exported.exists():
+        saved = json.loads(exported.read_text())
+        target, tolerance = float(saved["final"][metric]), float(saved["tolerance"])
+        diff = abs(final[metric] - target)
+        verdict = "reproduces" if diff <= tolerance else "does NOT reproduce"
+        console.print(f"{verdict} the exported {metric} {target:.4f} "
+                      f"(difference {diff:.4f}, tolerance {tolerance})")
+        if diff > tolerance:
+            raise typer.Exit(1)
 
 
 def main() -> None:

@@ -19,7 +19,6 @@ from typing import TYPE_CHECKING, Any
 
 from search.bridge import ErrorCallback, OptunaBridge
 from search.data import load_data
-from search.preflight import use_cluster_token
 from search.placement import (
     OOM_RETRIES,
     OomRetry,
@@ -28,6 +27,7 @@ from search.placement import (
     resolve,
     supports_data_parallel,
 )
+from search.preflight import use_cluster_token
 from search.progress import ProgressCallback, asha_milestones
 from search.resume import earlier_curves, recover
 from search.samplers import grid_size

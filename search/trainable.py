@@ -15,6 +15,17 @@ framework and must not be yielded.
 
 Built-in trainables are named in :data:`BUILTIN` and imported only when used, so a PyTorch run
 never imports TensorFlow. A user's own trainable is named ``package.module:function``.
+
+Optional export hook (``python -m search export``): next to ``train``, a module may define::
+
+    def export(config: dict, data: Dataset, ctx: TrialContext, out_dir: Path) -> dict[str, float]:
+        ...  # train exactly as ``train`` does (to the end), then save the model into out_dir
+
+It returns the final metrics (at least the objective's), saves the model in its framework's
+formats (``model.safetensors`` and ``model.onnx``, or ``model.keras`` and a SavedModel), and,
+when ``ctx.extras["history"]`` is a list, appends each epoch's metrics dict to it (the model
+card plots them). :func:`resolve_exporter` finds it: ``<function>_export`` in the trainable's
+module, or ``export`` when the function is named ``train``.
 """
 
 from __future__ import annotations
@@ -23,6 +34,7 @@ import importlib
 import importlib.util
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -33,6 +45,7 @@ RESERVED_PREFIX = "search/"
 
 Metrics = dict[str, float]
 TrainFn = Callable[[Mapping[str, Any], "Dataset", "TrialContext"], Iterator[Metrics]]
+ExportFn = Callable[[Mapping[str, Any], "Dataset", "TrialContext", Path], Metrics]
 
 BUILTIN: dict[str, str] = {
     "torch_cnn": "trainables.torch_cnn:train",
@@ -123,3 +136,24 @@ def resolve_trainable(name: str) -> TrainFn:
             f"trainable {name!r}: module {module_name!r} has no function {func_name!r}"
         ) from None
     return fn
+
+
+def resolve_exporter(name: str) -> ExportFn | None:
+    """The export hook next to the trainable ``name`` designates, or ``None`` when it has none.
+
+    The hook of ``module:train`` is ``module:export``; that of ``module:fn`` (a module holding
+    several trainables) is ``module:fn_export``. Its contract is in this module's docstring.
+
+    Example:
+        >>> resolve_exporter("search.testing:instant") is None
+        True
+    """
+    check_trainable(name)
+    module_name, _, func_name = BUILTIN.get(name, name).partition(":")
+    module = importlib.import_module(module_name)
+    names = [f"{func_name}_export"] + (["export"] if func_name == "train" else [])
+    for candidate in names:
+        fn = getattr(module, candidate, None)
+        if callable(fn):
+            return fn  # type: ignore[no-any-return]
+    return None

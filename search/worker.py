@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from search.distributed import data_parallel
+from search.placement import share_extras
 from search.record import DEVICE, EPOCH, FAIL_REASON, NODE, NUMBER, SEED, nonfinite_reason
 from search.trainable import RESERVED_PREFIX, TrialContext, resolve_trainable
 
@@ -37,6 +39,8 @@ class TrialJob:
     max_epochs: int
     num_threads: int = 1
     checkpoints: bool = True
+    workers: int = 1
+    """Processes that train each trial data-parallel (:mod:`search.distributed`)."""
     extras: Mapping[str, Any] = field(default_factory=dict)
 
 
@@ -63,10 +67,20 @@ def _restored() -> tuple[str | None, int]:
     return folder, int(epoch)
 
 
+def _gpu_share() -> float | None:
+    """The share of a GPU Ray holds for this trial now (a retry may hold more than planned)."""
+    from ray import tune
+
+    resources = tune.get_context().get_trial_resources()
+    share = getattr(resources, "required_resources", {}).get("GPU")
+    return float(share) if share else None
+
+
 def _context(config: Mapping[str, Any], job: TrialJob, device: str) -> TrialContext:
     from ray import tune
 
     restore_dir, done = _restored()
+    extras = share_extras(job.extras, _gpu_share()) if device != "cpu" else job.extras
     return TrialContext(
         max_epochs=job.max_epochs,
         seed=int(config.get(SEED, 0)),
@@ -74,7 +88,7 @@ def _context(config: Mapping[str, Any], job: TrialJob, device: str) -> TrialCont
         device="cuda" if device.startswith("cuda") else "cpu",
         trial_number=int(config.get(NUMBER, 0)),
         trial_dir=tune.get_context().get_trial_dir() or ".",
-        extras=job.extras,
+        extras=extras,
         checkpoint_dir=tempfile.mkdtemp(prefix="search-ckpt-") if job.checkpoints else None,
         restore_dir=restore_dir,
         start_epoch=done + 1,
@@ -101,7 +115,10 @@ def run_trial(config: dict[str, Any], job: TrialJob, data: Dataset) -> None:
     device, node = _placement()
     ctx = _context(config, job, device)
     params = {k: v for k, v in config.items() if not k.startswith(RESERVED_PREFIX)}
-    epochs = train(params, data, ctx)
+    if job.workers > 1:
+        epochs = data_parallel(job.trainable, params, data, ctx, job.workers)
+    else:
+        epochs = train(params, data, ctx)
     try:
         for epoch, metrics in enumerate(epochs, start=ctx.start_epoch):
             reason = nonfinite_reason(metrics, epoch)

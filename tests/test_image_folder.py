@@ -58,7 +58,9 @@ def test_torch_reads_the_folder_with_image_folder(png_tree: Path) -> None:
 @pytest.mark.torch
 @pytest.mark.ray
 @pytest.mark.slow
-def test_a_study_on_an_image_folder_through_ray(ray_local: None, png_tree: Path, tmp_path: Path) -> None:
+def test_a_study_on_an_image_folder_through_ray(
+    ray_local: None, png_tree: Path, tmp_path: Path
+) -> None:
     spec = parse_spec(
         base_spec(
             tmp_path,

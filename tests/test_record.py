@@ -47,7 +47,9 @@ def test_error_and_nothing_reported_are_fail() -> None:
     record = _record([0.4])
     record.errored = True
     assert record.fate()[0] == TrialState.FAIL
-    assert TrialRecord("acc", 3).fate()[2] == "ended before its first epoch (time limit or interrupt)"
+    assert (
+        TrialRecord("acc", 3).fate()[2] == "ended before its first epoch (time limit or interrupt)"
+    )
 
 
 def test_one_value_per_epoch_even_when_result_repeats() -> None:

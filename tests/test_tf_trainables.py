@@ -204,3 +204,32 @@ def test_unfreeze_blocks_trains_only_the_last_blocks(small: Dataset) -> None:
 def test_pretrain_wants_a_weights_h5_path(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=r"\.weights\.h5"):
         tf_transfer.pretrain_backbone(tmp_path / "backbone.h5")
+
+
+def test_checkpoint_restores_weights_optimizer_counters_and_epoch(digits: Dataset,
+                                                                   tmp_path: Path) -> None:
+    """A retried trial continues after its last checkpoint instead of starting over."""
+    import json
+
+    cfg = {"lr": 3e-3, "channels": 8, "lr_scheduler": "plateau", "early_stopping_patience": 5}
+    saved = tmp_path / "ckpt"
+    saved.mkdir()
+    first = list(tf_cnn.train(cfg, digits, TrialContext(max_epochs=3, num_threads=2,
+                                                        checkpoint_dir=str(saved))))
+    state = json.loads((saved / common.STATE_FILE).read_text())
+    assert state["epoch"] == 3 and (saved / common.WEIGHTS_FILE).exists()
+    out: dict[str, keras.Model] = {}
+    ctx = TrialContext(max_epochs=5, num_threads=2, restore_dir=str(saved), start_epoch=4,
+                       extras={"model_out": out})
+    resumed = list(tf_cnn.train(cfg, digits, ctx))
+    assert len(resumed) == 2  # epochs 4 and 5 only
+    steps = math.ceil(len(digits.y_train) / 64)
+    assert int(out["model"].optimizer.iterations.numpy()) == 5 * steps  # the step count went on
+    assert resumed[0]["val_accuracy"] > first[0]["val_accuracy"] + 0.05  # not a fresh epoch 1
+    assert resumed[0]["val_loss"] < first[0]["val_loss"]
+    callbacks = common.stopping_callbacks(common.read_config(cfg, tf_cnn.DEFAULTS))
+    assert common.load_state(out["model"], callbacks, str(saved)) == 3
+    for callback, counters in zip(callbacks, state["callbacks"], strict=True):
+        assert counters and {k: getattr(callback, k) for k in counters} == counters
+        callback.on_train_begin()  # the first fit's reset is spent: patience counts on
+        assert {k: getattr(callback, k) for k in counters} == counters

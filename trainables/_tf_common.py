@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import math
 import os
 import time
@@ -492,13 +493,71 @@ def fit_epochs(
     """
     logs = EpochLogs()
     all_callbacks = [logs, *callbacks]  # the same objects every epoch: their state persists
-    for epoch in range(ctx.max_epochs):
+    first = 0
+    if ctx.restore_dir is not None:  # a retried trial continues after its last checkpoint
+        first = load_state(model, callbacks, ctx.restore_dir)
+    for epoch in range(first, ctx.max_epochs):
         start = time.perf_counter()
         model.fit(train, validation_data=val, initial_epoch=epoch, epochs=epoch + 1,
                   callbacks=all_callbacks, shuffle=False, verbose=0)  # pipeline shuffles
+        if ctx.checkpoint_dir is not None:
+            save_state(model, callbacks, epoch + 1, ctx.checkpoint_dir)
         yield {**logs.metrics, "epoch_time_s": time.perf_counter() - start}
         if model.stop_training:  # fit() clears it on entry; set by EarlyStopping
             return
+
+
+# --- checkpoints (a retried trial continues after its last epoch) ----------------------------
+
+WEIGHTS_FILE = "model.weights.h5"
+STATE_FILE = "state.json"
+_COUNTERS = ("wait", "best", "best_epoch", "stopped_epoch", "cooldown_counter")
+"""Attributes of Keras' EarlyStopping and ReduceLROnPlateau that carry their patience."""
+
+
+def _scalar(value: Any) -> Any:
+    return float(value) if isinstance(value, float | np.floating) else value
+
+
+def save_state(model: keras.Model, callbacks: Sequence[keras.callbacks.Callback], epoch: int,
+               folder: str) -> None:
+    """Writes what a retried trial needs to continue after ``epoch`` into ``folder``.
+
+    ``model.weights.h5`` (Keras 3 writes the model's weights, normalization statistics
+    included, and the optimizer's variables: step count, the learning rate as the plateau
+    callback left it, moments) and ``state.json`` (the epoch and the patience counters of
+    the stopping callbacks). Files are overwritten each epoch.
+    """
+    from pathlib import Path
+
+    path = Path(folder)
+    model.save_weights(path / WEIGHTS_FILE, overwrite=True)
+    counters = [{k: _scalar(getattr(cb, k)) for k in _COUNTERS
+                 if isinstance(getattr(cb, k, None), int | float | np.number)}
+                for cb in callbacks]
+    state = {"epoch": epoch, "callbacks": counters}
+    (path / STATE_FILE).write_text(json.dumps(state))
+
+
+def load_state(model: keras.Model, callbacks: Sequence[keras.callbacks.Callback],
+               folder: str) -> int:
+    """Restores what :func:`save_state` wrote; returns the epoch it was saved after.
+
+    The data order is not part of the state: the restored run's shuffles start afresh from
+    the trial's seed, so it continues the run closely, not bit for bit.
+    """
+    from pathlib import Path
+
+    path = Path(folder)
+    model.optimizer.build(model.trainable_variables)  # its variables must exist to be loaded
+    model.load_weights(path / WEIGHTS_FILE)
+    state = json.loads((path / STATE_FILE).read_text())
+    for cb, counters in zip(callbacks, state["callbacks"], strict=False):
+        if isinstance(cb, _KeepStateAcrossFits):
+            cb.on_train_begin()  # the one reset, now; the saved counters then overwrite it
+        for key, value in counters.items():
+            setattr(cb, key, value)
+    return int(state["epoch"])
 
 
 def expose_model(model: keras.Model, ctx: TrialContext) -> None:
@@ -506,3 +565,45 @@ def expose_model(model: keras.Model, ctx: TrialContext) -> None:
     out = ctx.extras.get("model_out")
     if isinstance(out, dict):
         out["model"] = model
+
+
+# --- export hook (python -m search export) ---------------------------------------------------
+
+
+def export_keras(train: Any, config: Mapping[str, Any], data: Dataset, ctx: TrialContext,
+                 out_dir: Any) -> Metrics:
+    """Trains ``config`` with the trainable ``train`` to its end, then saves the model.
+
+    Writes ``model.keras`` (reload with ``keras.models.load_model``) and ``saved_model/``
+    (``model.export``: a TF SavedModel whose ``serve`` signature takes NHWC float32 images
+    scaled to [0, 1] by ``input_scale``, the training split's largest value, and returns
+    class probabilities). The reloaded ``.keras`` file is scored on the validation split.
+
+    Returns:
+        The last epoch's metrics and ``epochs``, plus ``export_val_loss`` and
+        ``export_val_accuracy`` (the reloaded file) and ``input_scale`` (arrays only).
+    """
+    from pathlib import Path
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    handle: dict[str, Any] = {}
+    history = ctx.extras.get("history")
+    run_ctx = dataclasses.replace(ctx, extras={**ctx.extras, "model_out": handle},
+                                  checkpoint_dir=None, restore_dir=None, start_epoch=1)
+    last: Metrics = {}
+    epochs = 0
+    for metrics in train(config, data, run_ctx):
+        last, epochs = dict(metrics), epochs + 1
+        if isinstance(history, list):
+            history.append(dict(metrics))
+    model = handle["model"]
+    model.save(out / "model.keras")
+    model.export(str(out / "saved_model"), format="tf_saved_model", verbose=False)
+    reloaded = keras.models.load_model(out / "model.keras")
+    splits = load_splits(data, run_ctx)
+    val_loss, val_accuracy = reloaded.evaluate(
+        pipeline(splits.val, int(config.get("batch_size", 64)), ctx.num_threads), verbose=0)
+    scale = {} if ctx.extras.get("data_path") else {"input_scale": float(data.x_train.max())}
+    return {**last, "epochs": float(epochs), "export_val_loss": float(val_loss),
+            "export_val_accuracy": float(val_accuracy), **scale}

@@ -121,9 +121,23 @@ def setup(
     cfg = read_config(config, defaults, choices)
     device = torch.device("cuda" if ctx.device.startswith("cuda") else "cpu")
     check_precision(cfg["precision"], device)
+    if device.type == "cuda":
+        device = place_on_gpu(ctx)
     torch.set_num_threads(max(1, ctx.num_threads))
     set_seed(ctx.seed)
     return cfg, device
+
+
+def place_on_gpu(ctx: TrialContext) -> torch.device:
+    """The trial's GPU (the rank-th of Ray's GPUs in a data-parallel trial), with the process's
+    allocator capped at ``ctx.extras["gpu_memory_fraction"]`` when trials share the GPU."""
+    rank = int(ctx.extras.get("ddp_rank", 0))
+    device = torch.device("cuda", rank)
+    torch.cuda.set_device(device)
+    fraction = ctx.extras.get("gpu_memory_fraction")
+    if fraction:
+        torch.cuda.set_per_process_memory_fraction(float(fraction), device)
+    return device
 
 
 def build_optimizer(

@@ -154,9 +154,23 @@ class ImageDataset(Dataset[tuple[torch.Tensor, torch.Tensor]]):
 
 
 def train_loader(tensors: Tensors, batch_size: int, seed: int, *, augment: float = 0.0,
-                 hflip: bool = False, num_workers: int = 0, pin_memory: bool = False) -> DataLoader:
-    """The shuffled, optionally augmented training loader (reproducible from ``seed``)."""
+                 hflip: bool = False, num_workers: int = 0, pin_memory: bool = False,
+                 rank: int = 0, world: int = 1) -> DataLoader:
+    """The shuffled, optionally augmented training loader (reproducible from ``seed``).
+
+    In a data-parallel trial (``world`` > 1) ``batch_size`` is the global batch: every rank
+    shuffles the same way (a ``DistributedSampler`` seeded with ``seed``; call its
+    ``set_epoch`` each epoch) and takes its ``batch_size // world`` share of each batch.
+    """
     dataset = ImageDataset(tensors.x_train, tensors.y_train, build_augment(augment, hflip))
+    if world > 1:
+        from torch.utils.data.distributed import DistributedSampler
+
+        sampler = DistributedSampler(dataset, num_replicas=world, rank=rank, shuffle=True,
+                                     seed=seed)
+        return DataLoader(dataset, batch_size=max(1, batch_size // world), sampler=sampler,
+                          num_workers=num_workers, pin_memory=pin_memory,
+                          persistent_workers=num_workers > 0)
     generator = torch.Generator().manual_seed(seed)
     return DataLoader(dataset, batch_size=batch_size, shuffle=True, generator=generator,
                       num_workers=num_workers, pin_memory=pin_memory,

@@ -16,9 +16,9 @@ The raw losses are reported, so a diverged run shows NaN and the framework stops
 from __future__ import annotations
 
 import time
-from pathlib import Path
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -54,13 +54,38 @@ class Fitting:
     device: torch.device
 
 
-def train_one_epoch(fit: Fitting, loader: DataLoader) -> Metrics:
-    """One pass over ``loader``; returns train_loss, train_accuracy and gradient norms."""
+def _distributed() -> bool:
+    """Whether this process is one of several training one trial (see search.distributed)."""
+    dist = torch.distributed
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+def _all_reduce(values: list[torch.Tensor | float], op: str = "sum") -> list[float]:
+    """Sums (or maxes) scalars over the trial's processes; the values themselves alone."""
+    tensor = torch.stack([torch.as_tensor(v, dtype=torch.float64).reshape(())
+                          for v in values]).to(_reduce_device())
+    if _distributed():
+        dist = torch.distributed
+        dist.all_reduce(tensor, op=dist.ReduceOp.MAX if op == "max" else dist.ReduceOp.SUM)
+    return [float(v) for v in tensor.tolist()]
+
+
+def _reduce_device() -> torch.device:
+    if _distributed() and torch.distributed.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def train_one_epoch(fit: Fitting, loader: DataLoader, max_steps: int | None = None) -> Metrics:
+    """One pass over ``loader`` (at most ``max_steps`` batches); returns train_loss,
+    train_accuracy and gradient norms (over every process of a data-parallel trial)."""
     fit.model.train()
     cfg, dev = fit.cfg, fit.device
     zero = torch.zeros((), device=dev)
     loss_sum, correct, norm_max, applied_max, seen = zero, zero, zero, zero, 0
-    for xb, yb in loader:
+    for step, (xb, yb) in enumerate(loader):
+        if max_steps is not None and step >= max_steps:
+            break
         xb, yb = xb.to(dev, non_blocking=True), yb.to(dev, non_blocking=True)
         with autocast(cfg["precision"], dev):
             logits = fit.model(xb)
@@ -81,6 +106,11 @@ def train_one_epoch(fit: Fitting, loader: DataLoader) -> Metrics:
         correct = correct + (logits.argmax(dim=1) == yb).sum()
         norm_max, applied_max = torch.maximum(norm_max, norm), torch.maximum(applied_max, applied)
         seen += len(yb)
+    if _distributed():
+        loss_total, correct_total, seen_total = _all_reduce([loss_sum, correct, seen])
+        norm_top, applied_top = _all_reduce([norm_max, applied_max], op="max")
+        return {"train_loss": loss_total / seen_total, "train_accuracy": correct_total / seen_total,
+                "grad_norm": norm_top, "grad_norm_applied": applied_top}
     return {"train_loss": loss_sum.item() / seen, "train_accuracy": correct.item() / seen,
             "grad_norm": norm_max.item(), "grad_norm_applied": applied_max.item()}
 
@@ -112,6 +142,24 @@ def make_fitting(model: torch.nn.Module, cfg: Mapping[str, Any], ctx: TrialConte
                    grad_scaler(cfg["precision"], device), cfg, device)
 
 
+def evaluate_shard(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, precision: str,
+                   device: torch.device, rank: int, world: int) -> tuple[float, float]:
+    """:func:`evaluate` on every ``world``-th example from ``rank``, combined over the trial's
+    processes, so every rank gets the whole validation split's loss and accuracy."""
+    if world <= 1:
+        return evaluate(model, x, y, precision, device)
+    xs, ys = x[rank::world], y[rank::world]
+    loss, accuracy = evaluate(model, xs, ys, precision, device) if len(ys) else (0.0, 0.0)
+    loss_sum, correct, count = _all_reduce([loss * len(ys), accuracy * len(ys), len(ys)])
+    return loss_sum / count, correct / count
+
+
+def _unwrapped(model: torch.nn.Module) -> torch.nn.Module:
+    """The model inside a ``DistributedDataParallel`` wrapper (checkpoints hold it bare)."""
+    ddp = torch.nn.parallel.DistributedDataParallel
+    return model.module if isinstance(model, ddp) else model
+
+
 STATE_FILE = "state.pt"
 
 
@@ -119,7 +167,7 @@ def save_state(fit: Fitting, stopper: EarlyStopping, epoch: int, folder: str) ->
     """Writes everything a retried trial needs to continue after ``epoch`` into ``folder``."""
     state = {
         "epoch": epoch,
-        "model": fit.model.state_dict(),
+        "model": _unwrapped(fit.model).state_dict(),
         "optimizer": fit.optimizer.state_dict(),
         "scheduler": fit.scheduler.state_dict() if fit.scheduler is not None else None,
         "scaler": fit.scaler.state_dict(),
@@ -135,7 +183,7 @@ def load_state(fit: Fitting, stopper: EarlyStopping, folder: str) -> int:
         The epoch the state was saved after.
     """
     state = torch.load(Path(folder) / STATE_FILE, map_location=fit.device, weights_only=True)
-    fit.model.load_state_dict(state["model"])
+    _unwrapped(fit.model).load_state_dict(state["model"])
     fit.optimizer.load_state_dict(state["optimizer"])
     if fit.scheduler is not None and state["scheduler"] is not None:
         fit.scheduler.load_state_dict(state["scheduler"])
@@ -152,10 +200,19 @@ def fit_epochs(model: torch.nn.Module, tensors: Tensors, cfg: Mapping[str, Any],
     Returns early (the trial ends COMPLETE) when early stopping triggers on val_loss. With
     ``ctx.checkpoint_dir`` it saves its state before each yield; with ``ctx.restore_dir`` it
     continues after the saved epoch.
+
+    In a data-parallel trial (``ctx.extras["ddp_world_size"]`` > 1, started by
+    :mod:`search.distributed`) the model trains under ``DistributedDataParallel``, each rank on
+    its share of every global batch of ``batch_size``, and the metrics are the whole trial's.
+    ``ctx.extras["max_steps"]`` caps the batches per epoch (the memory measurement of
+    :mod:`search.placement`).
     """
+    rank, world = int(ctx.extras.get("ddp_rank", 0)), int(ctx.extras.get("ddp_world_size", 1))
     loader = train_loader(tensors, cfg["batch_size"], ctx.seed, augment=cfg.get("augment", 0.0),
                           hflip=cfg.get("hflip", False), num_workers=cfg["num_workers"],
-                          pin_memory=cfg["pin_memory"] and device.type == "cuda")
+                          pin_memory=cfg["pin_memory"] and device.type == "cuda",
+                          rank=rank, world=world)
+    max_steps = ctx.extras.get("max_steps")
     fit = make_fitting(model, cfg, ctx, device, len(loader))
     out = ctx.extras.get("model_out")  # the export hook's handle on the model (as in _tf_common)
     if isinstance(out, dict):
@@ -165,12 +222,18 @@ def fit_epochs(model: torch.nn.Module, tensors: Tensors, cfg: Mapping[str, Any],
     first = 1
     if ctx.restore_dir is not None:  # a retried trial continues after its last checkpoint
         first = load_state(fit, stopper, ctx.restore_dir) + 1
+    if world > 1 and _distributed():  # DDP broadcasts rank 0's weights to every rank here
+        fit.model = torch.nn.parallel.DistributedDataParallel(
+            model, device_ids=[device.index] if device.type == "cuda" else None)
     profiler = EpochProfiler(ctx, device)
     try:
         for epoch in range(first, ctx.max_epochs + 1):
             start, lr = time.perf_counter(), fit.optimizer.param_groups[0]["lr"]
-            metrics = train_one_epoch(fit, loader)
-            val_loss, val_accuracy = evaluate(model, x_val, y_val, cfg["precision"], device)
+            if hasattr(loader.sampler, "set_epoch"):  # the same shuffle on every rank
+                loader.sampler.set_epoch(epoch)
+            metrics = train_one_epoch(fit, loader, max_steps)
+            val_loss, val_accuracy = evaluate_shard(model, x_val, y_val, cfg["precision"],
+                                                    device, rank, world)
             if fit.when == "epoch":
                 fit.scheduler.step()
             elif fit.when == "val_loss":

@@ -88,3 +88,8 @@ def train(config: Mapping[str, Any], data: Dataset, ctx: TrialContext) -> Iterat
     train_ds = common.pipeline(splits.train, cfg["batch_size"], ctx.num_threads, ctx.seed)
     val_ds = common.pipeline(splits.val, cfg["batch_size"], ctx.num_threads)
     yield from common.fit_epochs(model, train_ds, val_ds, ctx, common.stopping_callbacks(cfg))
+
+
+def export(config: Mapping[str, Any], data: Dataset, ctx: TrialContext, out_dir: Any) -> Metrics:
+    """The export hook: ``model.keras`` and a SavedModel (:func:`_tf_common.export_keras`)."""
+    return common.export_keras(train, config, data, ctx, out_dir)

@@ -145,6 +145,11 @@ def train(config: Mapping[str, Any], data: Dataset, ctx: TrialContext) -> Iterat
     yield from common.fit_epochs(model, train_ds, val_ds, ctx, common.stopping_callbacks(cfg))
 
 
+def export(config: Mapping[str, Any], data: Dataset, ctx: TrialContext, out_dir: Any) -> Metrics:
+    """The export hook: ``model.keras`` and a SavedModel (:func:`_tf_common.export_keras`)."""
+    return common.export_keras(train, config, data, ctx, out_dir)
+
+
 def recalibrate_batch_norm(model: keras.Model, backbone: keras.Model, images: np.ndarray) -> None:
     """Sets the backbone's batch-norm moving statistics to the trained network's on ``images``.
 

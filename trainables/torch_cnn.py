@@ -23,11 +23,14 @@ from search.data import Dataset
 from search.trainable import Metrics, TrialContext
 from trainables._torch_common import AUGMENT_DEFAULTS, COMMON_DEFAULTS, setup
 from trainables._torch_data import Standardize, Tensors, materialize, to_tensors
+from trainables._torch_export import make_exporter
 from trainables._torch_loop import fit_epochs
 
 DEFAULTS: dict[str, Any] = {
     **COMMON_DEFAULTS, **AUGMENT_DEFAULTS, "channels": 32, "train_fraction": 1.0,
 }
+DATA_PARALLEL = True
+"""Trains data-parallel (DDP) when a trial has several workers (:mod:`search.distributed`)."""
 
 
 def build_model(cfg: Mapping[str, Any], tensors: Tensors) -> nn.Module:
@@ -58,3 +61,7 @@ def train(config: Mapping[str, Any], data: Dataset, ctx: TrialContext) -> Iterat
     tensors = to_tensors(materialize(data, ctx.extras), cfg["train_fraction"])
     model = build_model(cfg, tensors)
     yield from fit_epochs(model, tensors, cfg, ctx, device)
+
+
+export = make_exporter(train)
+"""The export hook: ``model.safetensors`` and a checked ``model.onnx`` (:mod:`._torch_export`)."""

@@ -28,9 +28,12 @@ from search.data import Dataset
 from search.trainable import Metrics, TrialContext
 from trainables._torch_common import COMMON_DEFAULTS, setup
 from trainables._torch_data import to_tensors
+from trainables._torch_export import make_exporter
 from trainables._torch_loop import fit_epochs
 
 DEFAULTS: dict[str, Any] = {**COMMON_DEFAULTS, "cell": "gru", "hidden": 64}
+DATA_PARALLEL = True
+"""Trains data-parallel (DDP) when a trial has several workers (:mod:`search.distributed`)."""
 CELL_CHOICES = {"cell": ("gru", "lstm")}
 
 
@@ -64,3 +67,7 @@ def train(config: Mapping[str, Any], data: Dataset, ctx: TrialContext) -> Iterat
     model = RowReader(cfg["cell"], width, cfg["hidden"], cfg["dropout"],
                       tensors.num_classes, input_scale=tensors.scale)
     yield from fit_epochs(model, tensors, cfg, ctx, device)
+
+
+export = make_exporter(train)
+"""The export hook: ``model.safetensors`` and a checked ``model.onnx`` (:mod:`._torch_export`)."""

@@ -41,12 +41,15 @@ from search.data import Dataset
 from search.trainable import Metrics, TrialContext
 from trainables._torch_common import AUGMENT_DEFAULTS, COMMON_DEFAULTS, read_config, setup
 from trainables._torch_data import Standardize, Tensors, to_tensors
+from trainables._torch_export import make_exporter
 from trainables._torch_loop import fit_epochs
 
 DEFAULTS: dict[str, Any] = {
     **COMMON_DEFAULTS, **AUGMENT_DEFAULTS, "backbone": "resnet18", "weights_path": None,
     "freeze_backbone": True, "unfreeze_blocks": 0, "image_size": 32,
 }
+DATA_PARALLEL = True
+"""Trains data-parallel (DDP) when a trial has several workers (:mod:`search.distributed`)."""
 BACKBONES = {"backbone": ("resnet18", "mobilenet_v3_small")}
 HEAD = {"resnet18": "fc", "mobilenet_v3_small": "classifier.3"}
 """Name of each backbone's final classifier layer, which the new head replaces."""
@@ -144,6 +147,10 @@ def train(config: Mapping[str, Any], data: Dataset, ctx: TrialContext) -> Iterat
     yield from fit_epochs(model, tensors, cfg, ctx, device)
 
 
+export = make_exporter(train)
+"""The export hook: ``model.safetensors`` and a checked ``model.onnx`` (:mod:`._torch_export`)."""
+
+
 def rotated(x: torch.Tensor, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
     """Each image turned by a random multiple of 90 degrees, and that multiple as its label."""
     k = torch.randint(0, 4, (len(x),), generator=generator)
@@ -196,3 +203,4 @@ def main(argv: list[str] | None = None) -> None:
 
 if __name__ == "__main__":
     main()
+

@@ -28,7 +28,11 @@ def curve(config: Mapping[str, Any], data: Dataset, ctx: TrialContext) -> Iterat
         fail_once_at: Epoch at which the first attempt raises ``RuntimeError``.
         stop_at: Epoch after which it stops on its own (early stopping).
         sleep: Seconds to wait after each epoch.
+        trace_dir, wait_for, oom_below_share: see :func:`_traced` (placement tests).
     """
+    if any(key in config for key in _TRACE_KEYS):
+        yield from _traced(config, data, ctx)
+        return
     quality = float(config.get("x", 0.5))
     if ctx.restore_dir is not None:  # the saved state must be there and agree with the epoch
         saved = json.loads((Path(ctx.restore_dir) / "state.json").read_text())
@@ -50,6 +54,67 @@ def curve(config: Mapping[str, Any], data: Dataset, ctx: TrialContext) -> Iterat
         time.sleep(float(config.get("sleep", 0.0)))
 
 
+_TRACE_KEYS = ("trace_dir", "wait_for", "oom_below_share")
+
+
+class OutOfMemoryError(RuntimeError):
+    """A synthetic "CUDA out of memory" (named like PyTorch's, which the runner retries)."""
+
+
+def _traced(config: Mapping[str, Any], data: Dataset, ctx: TrialContext) -> Iterator[Metrics]:
+    """:func:`curve`, recording where and when each trial ran (placement tests).
+
+    Config keys:
+        trace_dir: Folder where each attempt writes ``trial-<n>-<pid>.json``: trial number,
+            start and end (``time.time()``), pid, ``CUDA_VISIBLE_DEVICES``, ``ctx.device``,
+            ``ctx.num_threads``, the GPU share and memory cap in ``ctx.extras``.
+        wait_for: Before its first epoch, wait (up to 60 s) until this many trials have
+            started in ``trace_dir``: a barrier that only passes when they run at once.
+        oom_below_share: Raise :class:`OutOfMemoryError` while the trial holds less than this
+            share of a GPU (``ctx.extras["gpu_share"]``).
+    """
+    import os
+
+    folder = Path(str(config.get("trace_dir", ".")))
+    folder.mkdir(parents=True, exist_ok=True)
+    record = {
+        "trial": ctx.trial_number, "pid": os.getpid(), "start": time.time(), "end": None,
+        "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"), "device": ctx.device,
+        "num_threads": ctx.num_threads, "gpu_share": ctx.extras.get("gpu_share"),
+        "gpu_memory_fraction": ctx.extras.get("gpu_memory_fraction"),
+    }
+    path = folder / f"trial-{ctx.trial_number}-{os.getpid()}.json"
+    path.write_text(json.dumps(record))
+    try:
+        needed, deadline = int(config.get("wait_for", 0)), time.monotonic() + 60.0
+        while needed and time.monotonic() < deadline:
+            started = {p.name.split("-")[1] for p in folder.glob("trial-*.json")}
+            if len(started) >= needed:
+                break
+            time.sleep(0.05)
+        share = float(ctx.extras.get("gpu_share") or 0.0)
+        if share < float(config.get("oom_below_share", 0.0)):
+            raise OutOfMemoryError(f"CUDA out of memory (synthetic) at {share} of a GPU")
+        inner = {k: v for k, v in config.items() if k not in _TRACE_KEYS}
+        yield from curve(inner, data, ctx)
+    finally:
+        path.write_text(json.dumps({**record, "end": time.time()}))
+
+
 def instant(config: Mapping[str, Any], data: Dataset, ctx: TrialContext) -> Iterator[Metrics]:
     """One epoch, no work: measures pure orchestration overhead."""
     yield {"val_accuracy": float(config.get("x", 0.0))}
+
+
+def curve_export(config: Mapping[str, Any], data: Dataset, ctx: TrialContext,
+                 out_dir: Path) -> Metrics:
+    """The export hook of :func:`curve` (``search.export``): trains it, writes ``model.json``."""
+    history = ctx.extras.get("history")
+    last: Metrics = {}
+    for metrics in curve(config, data, ctx):
+        last = dict(metrics)
+        if isinstance(history, list):
+            history.append(dict(metrics))
+    Path(out_dir).mkdir(parents=True, exist_ok=True)
+    (Path(out_dir) / "model.json").write_text(json.dumps({"x": config.get("x"), **last}))
+    return {**last, "export_val_accuracy": last.get("val_accuracy", 0.0)}

@@ -1,0 +1,138 @@
+"""The study report (``python -m search report``) and the console progress of ``run``.
+
+One real run of the synthetic ``curve`` trainable on the session's local Ray gives a study
+with COMPLETE, PRUNED and FAIL trials (``lr > 1`` turns the loss NaN at epoch 2); its console
+progress is captured on the way.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import pickle
+import re
+
+import pytest
+from rich.console import Console
+
+from search.bridge import OptunaBridge
+from search.progress import ProgressCallback, asha_milestones
+from search.report import FIGURES, learning_curves, summarize, write_report
+from search.runner import RunOptions, run_study
+from search.spec import parse_spec
+from search.study import load_study
+from tests.conftest import base_spec
+from tests.test_cli import _cli
+
+pytestmark = [pytest.mark.ray]
+
+MAX_EPOCHS = 9
+
+
+@pytest.fixture(scope="module")
+def ran(ray_local: None, tmp_path_factory: pytest.TempPathFactory) -> tuple:
+    tmp = tmp_path_factory.mktemp("report")
+    spec = parse_spec(base_spec(
+        tmp, study="fates",
+        budget={"trials": 10, "max_epochs": MAX_EPOCHS},
+        asha={"grace_period": 1, "reduction_factor": 3},
+        sampler={"name": "random", "seed": 1},
+        resources={"max_concurrent": 2},
+        space={"x": {"uniform": [0.0, 1.0]}, "lr": {"choice": [0.1, 0.5, 2.0]}},
+    ))
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):  # the progress console writes to sys.stderr
+        run_study(spec, RunOptions(results_dir=tmp / "results"))
+    study = load_study("fates", spec.storage)
+    return spec, study, tmp, err.getvalue()
+
+
+def test_the_study_has_every_fate(ran: tuple) -> None:
+    _, study, _, _ = ran
+    states = {t.state.name for t in study.trials}
+    assert {"COMPLETE", "PRUNED", "FAIL"} <= states
+
+
+def test_report_holds_every_figure_and_opens_offline(ran: tuple) -> None:
+    _, study, tmp, _ = ran
+    path = write_report(study, tmp / "results")
+    assert path == tmp / "results" / "fates" / "report.html"
+    page = path.read_text()
+    for name, title in FIGURES:
+        assert f'id="{name}"' in page, f"no plotly div for {name}"
+        assert title in page
+    assert page.count('class="plotly-graph-div"') >= len(FIGURES)  # slices: a row of 4 each
+    assert not re.search(r"<script[^>]+src=[\"']https?:", page)  # no CDN
+    assert page.count("plotly.js v") >= 1 and len(page) > 1_000_000  # plotly.js embedded
+    for cell in ("complete / pruned / failed", "compute spent", "ASHA saved"):
+        assert cell in page
+    for name, _ in FIGURES:
+        png = tmp / "results" / "fates" / "figures" / f"{name}.png"
+        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", name
+
+
+def test_summary_counts_and_what_asha_saved(ran: tuple) -> None:
+    _, study, _, _ = ran
+    summary = summarize(study)
+    states = [t.state.name for t in study.trials]
+    assert (summary.complete, summary.pruned, summary.failed) == (
+        states.count("COMPLETE"), states.count("PRUNED"), states.count("FAIL"))
+    assert summary.epochs_spent == sum(len(t.intermediate_values) for t in study.trials)
+    pruned = [t for t in study.trials if t.state.name == "PRUNED"]
+    assert summary.epochs_saved == sum(MAX_EPOCHS - len(t.intermediate_values) for t in pruned)
+    assert 0 < summary.saved_share < 1 and summary.seconds_spent > 0
+
+
+def test_learning_curves_set_pruned_and_failed_trials_apart(ran: tuple) -> None:
+    _, study, _, _ = ran
+    fig = learning_curves(study)
+    state = {t.number: t.state.name for t in study.trials}
+    curves = [tr for tr in fig.data if tr.name and tr.name.startswith("#")]
+    for trace in curves:
+        number, shown = trace.name[1:].split()
+        expected = {"COMPLETE": "complete", "PRUNED": "pruned", "FAIL": "failed"}
+        assert shown == expected[state[int(number)]]
+        dash = {"complete": "solid", "pruned": "dot", "failed": "dash"}[shown]
+        assert trace.line.dash == dash
+    assert {"complete", "pruned", "failed"} <= {tr.name for tr in fig.data}  # the legend
+
+
+def test_report_command_prints_the_path(ran: tuple) -> None:
+    spec, _, tmp, _ = ran
+    proc = _cli("report", "fates", "--storage", spec.storage, "--results", str(tmp / "cli"))
+    assert proc.returncode == 0, proc.stderr
+    assert f"report {tmp / 'cli' / 'fates' / 'report.html'}" in proc.stdout.replace("\n", "")
+    missing = _cli("report", "nope", "--storage", spec.storage)
+    assert missing.returncode == 2
+    assert missing.stderr.startswith("error: study 'nope' is not in")
+    assert missing.stderr.count("\n") == 1
+
+
+def test_progress_prints_a_line_per_trial_and_the_rungs(ran: tuple) -> None:
+    _, study, _, err = ran
+    lines = [line for line in err.splitlines() if re.match(r"\[\s*[\d.]+s\s+\d+/10\]", line)]
+    assert len(lines) == len(study.trials)
+    for t in study.trials:
+        assert any(re.search(rf"trial\s+{t.number} {t.state.name}", line) for line in lines)
+    rungs = [line for line in err.splitlines() if line.startswith("rungs ")]
+    assert rungs == [rungs[0]] and "≥1:10" in rungs[0] and f"end({MAX_EPOCHS})" in rungs[0]
+    assert "\x1b[" not in err  # not a terminal: no live block, no escape codes
+
+
+def test_progress_live_block_on_a_terminal_and_pickling(ran: tuple) -> None:
+    spec, study, _, _ = ran
+    bridge = OptunaBridge(study, spec.space, spec.fixed, metric="val_accuracy", mode="max",
+                          max_epochs=MAX_EPOCHS)
+    out = io.StringIO()
+    console = Console(file=out, force_terminal=True, width=100)
+    callback = ProgressCallback(bridge, "val_accuracy", "max", 10, console,
+                                milestones=asha_milestones(1, 3, MAX_EPOCHS),
+                                max_epochs=MAX_EPOCHS, time_limit_s=60)
+    callback.setup()
+    assert callback._live is not None  # a terminal gets the live block
+    clone = pickle.loads(pickle.dumps(callback))  # Ray pickles callbacks with the experiment
+    assert clone._live is None and clone.rung_text() == "rungs ≥1:0 ≥3:0 end(9):0"
+    text = callback.status().plain
+    assert "0 running" in text and "0/10 finished" in text and "left" in text
+    callback.on_experiment_end([])
+    assert callback._live is None
