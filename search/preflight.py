@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from search.errors import SearchError
+from search.knobs import check_knobs
 from search.storage import expand, redact, with_driver
 
 if TYPE_CHECKING:
@@ -283,6 +284,7 @@ def check_run(
     """Every check ``run`` makes before its first trial; joins the cluster when ``address``
     is given (so a refused token also fails here, in one line)."""
     check_data(spec, data_field)
+    check_knobs(spec, data_field.rpartition(": ")[0] or "spec")
     check_storage(spec.storage, storage_field)
     check_ray_address(address)
     if address not in (None, "local"):

@@ -1,0 +1,61 @@
+"""Knobs the trainable does not read, and missing files, fail before any trial starts."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from search.knobs import KnobError, check_knobs, declared_knobs
+from search.spec import parse_spec
+from tests.conftest import REPO, base_spec, write_spec
+from tests.test_cli import _cli
+
+
+def test_user_trainable_without_defaults_is_not_checked(tmp_path: Path) -> None:
+    assert declared_knobs("search.testing:curve") is None
+    check_knobs(parse_spec(base_spec(tmp_path, space={"anything": {"uniform": [0, 1]}})))
+
+
+@pytest.mark.torch
+def test_misspelled_knob_and_missing_weights_fail_in_one_line(tmp_path: Path) -> None:
+    spec = parse_spec(
+        base_spec(tmp_path, trainable="torch_cnn", space={"lrr": {"uniform": [0, 1]}})
+    )
+    with pytest.raises(
+        KnobError, match=r"f.yaml: space.lrr: torch_cnn has no knob 'lrr' \(known: "
+    ):
+        check_knobs(spec, "f.yaml")
+    missing = parse_spec(
+        base_spec(
+            tmp_path,
+            trainable="torch_transfer",
+            space={"lr": {"uniform": [0, 1]}},
+            fixed={"weights_path": str(tmp_path / "absent.pt")},
+        )
+    )
+    with pytest.raises(KnobError, match="fixed.weights_path: no file at"):
+        check_knobs(missing)
+    check_knobs(
+        parse_spec(base_spec(tmp_path, trainable="torch_cnn", space={"lr": {"uniform": [0, 1]}}))
+    )
+
+
+@pytest.mark.torch
+def test_cli_refuses_a_misspelled_knob_before_starting(tmp_path: Path) -> None:
+    path = write_spec(
+        tmp_path / "typo.yaml",
+        base_spec(
+            tmp_path,
+            trainable="torch_cnn",
+            fixed={"chanels": 8},
+            space={"lr": {"uniform": [0.001, 0.1]}},
+        ),
+    )
+    proc = _cli("run", str(path), cwd=REPO)
+    assert proc.returncode == 2
+    assert (
+        proc.stderr.strip().splitlines() == [proc.stderr.strip()]
+        and "fixed.chanels: torch_cnn has no knob 'chanels'" in proc.stderr
+    )
+    assert not (tmp_path / "optuna.db").exists()
