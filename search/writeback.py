@@ -9,10 +9,16 @@ goes straight to the wrapped storage.
 
 Reads stay consistent for the driver: a read of a trial with writes still queued returns the
 trial with those writes applied (an overlay), so ``tell`` of a PRUNED trial still sees its last
-intermediate value and the sampler sees a finished trial as finished. Other readers (the
-dashboard, ``search trials``) see each write a few milliseconds later. :meth:`flush` waits for
-the queue; the runner calls :meth:`close` before it returns, which flushes and raises the first
-error a background write met (a write is never dropped silently).
+intermediate value and the sampler sees a finished trial as finished. A trial this driver
+created is only ever written by this driver, so until it finishes ``get_trial`` answers from a
+local copy kept up to date by those writes (no query). Other readers (the dashboard, ``search
+trials``) see each write a few milliseconds later. :meth:`flush` waits for the queue; the runner
+calls :meth:`close` before it returns, which flushes and raises the first error a background
+write met (a write is never dropped silently).
+
+On SQLite (WAL mode) the wrapper also sets ``synchronous=NORMAL`` on its connections: a commit
+then no longer waits for the disk; a crash of the process loses nothing committed, a power
+loss may lose the last commits, the same trade the write-behind queue makes.
 """
 
 from __future__ import annotations
@@ -32,6 +38,21 @@ from optuna.trial import FrozenTrial, TrialState
 _log = logging.getLogger(__name__)
 
 _STOP = object()
+
+
+def _relax_sqlite_sync(storage: BaseStorage) -> None:
+    """``PRAGMA synchronous=NORMAL`` on every connection of a SQLite RDB storage (see above)."""
+    backend = getattr(storage, "_backend", storage)  # Optuna wraps RDBStorage in a cache
+    engine = getattr(backend, "engine", None)
+    if engine is None or engine.dialect.name != "sqlite":
+        return
+    import sqlalchemy
+
+    def _normal(dbapi_connection: Any, _record: Any) -> None:
+        dbapi_connection.execute("PRAGMA synchronous=NORMAL")
+
+    sqlalchemy.event.listen(engine, "connect", _normal)
+    engine.dispose()  # pooled connections reconnect with the pragma
 
 
 class WriteBehindStorage(BaseStorage):
@@ -62,6 +83,8 @@ class WriteBehindStorage(BaseStorage):
         self._errors: list[BaseException] = []
         self._thread: threading.Thread | None = None
         self._closed = False
+        self._own: dict[int, FrozenTrial | None] = {}  # trials created here, until finished
+        _relax_sqlite_sync(inner)
 
     # ---- the background writer -------------------------------------------------------------
 
@@ -97,6 +120,12 @@ class WriteBehindStorage(BaseStorage):
             return
         self._start()
         with self._lock:
+            if trial_id in self._own:  # the local copy takes every write to an own trial
+                local = self._own[trial_id]
+                if method == "set_trial_state_values" or local is None:
+                    self._own.pop(trial_id)  # finished: reads go to the storage (and overlay)
+                else:
+                    self._own[trial_id] = self._apply(local, [(0, method, args)])
             self._seq += 1
             self._pending.setdefault(trial_id, []).append((self._seq, method, args))
             self._queue.put((self._seq, trial_id, method, args))
@@ -123,12 +152,22 @@ class WriteBehindStorage(BaseStorage):
 
     # ---- the overlay: reads see the queued writes ------------------------------------------
 
-    def _overlay(self, trial: FrozenTrial) -> FrozenTrial:
+    def _snapshot(self) -> dict[int, list[tuple[int, str, tuple[Any, ...]]]]:
+        """The queued writes, taken *before* a read of the storage: a write that lands during
+        the read is then applied twice (harmless: every write is idempotent), never lost."""
         with self._lock:
-            ops = list(self._pending.get(trial._trial_id, ()))
+            return {trial_id: list(ops) for trial_id, ops in self._pending.items()}
+
+    def _overlay(self, trial: FrozenTrial,
+                 pending: dict[int, list[tuple[int, str, tuple[Any, ...]]]]) -> FrozenTrial:
+        ops = pending.get(trial._trial_id)
         if not ops:
             return trial
-        trial = copy.deepcopy(trial)
+        return self._apply(copy.deepcopy(trial), ops)
+
+    @staticmethod
+    def _apply(trial: FrozenTrial, ops: Sequence[tuple[int, str, tuple[Any, ...]]]) -> FrozenTrial:
+        """Applies queued writes to ``trial`` in place (and returns it)."""
         for _, method, args in ops:
             if method == "set_trial_user_attr":
                 trial.user_attrs[args[0]] = args[1]
@@ -199,18 +238,38 @@ class WriteBehindStorage(BaseStorage):
         return self.inner.get_all_studies()
 
     def create_new_trial(self, study_id: int, template_trial: FrozenTrial | None = None) -> int:
-        return self.inner.create_new_trial(study_id, template_trial)
+        trial_id = self.inner.create_new_trial(study_id, template_trial)
+        with self._lock:
+            self._own[trial_id] = None  # fetched once, on first read
+        return trial_id
 
     def set_trial_param(
         self, trial_id: int, param_name: str, param_value_internal: float, distribution: Any
     ) -> None:
         self.inner.set_trial_param(trial_id, param_name, param_value_internal, distribution)
+        with self._lock:
+            local = self._own.get(trial_id)
+            if local is not None:
+                local.params = {**local.params,
+                                param_name: distribution.to_external_repr(param_value_internal)}
+                local.distributions = {**local.distributions, param_name: distribution}
 
     def get_trial_id_from_study_id_trial_number(self, study_id: int, trial_number: int) -> int:
         return self.inner.get_trial_id_from_study_id_trial_number(study_id, trial_number)
 
     def get_trial(self, trial_id: int) -> FrozenTrial:
-        return self._overlay(self.inner.get_trial(trial_id))
+        pending = self._snapshot()
+        with self._lock:
+            own = trial_id in self._own
+            local = self._own.get(trial_id)
+        if local is None:
+            local = self.inner.get_trial(trial_id)
+            if not own or local.state.is_finished() or trial_id in pending:
+                return self._overlay(local, pending)
+            with self._lock:
+                if trial_id in self._own:
+                    self._own[trial_id] = local
+        return copy.deepcopy(local)  # the local copy already holds every write
 
     def get_all_trials(
         self,
@@ -218,11 +277,11 @@ class WriteBehindStorage(BaseStorage):
         deepcopy: bool = True,
         states: Container[TrialState] | None = None,
     ) -> list[FrozenTrial]:
-        with self._lock:
-            busy = bool(self._pending)
-        if not busy:
+        pending = self._snapshot()
+        if not pending:
             return self.inner.get_all_trials(study_id, deepcopy=deepcopy, states=states)
-        trials = [self._overlay(t) for t in self.inner.get_all_trials(study_id, deepcopy=deepcopy)]
+        trials = [self._overlay(t, pending)
+                  for t in self.inner.get_all_trials(study_id, deepcopy=deepcopy)]
         return trials if states is None else [t for t in trials if t.state in states]
 
     def remove_session(self) -> None:

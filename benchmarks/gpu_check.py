@@ -1,0 +1,166 @@
+"""On a GPU machine: is every GPU busy? ``gpus_per_trial: auto`` on the digits CNN space.
+
+Prints the GPUs found, what ``auto`` decided (the largest config's peak memory, trials packed
+per GPU, memory cap per trial), GPU utilization sampled from ``nvidia-smi`` every half second
+during the study (mean and peak per GPU), the epoch time of one config in fp32, bf16 and
+fp16, and trials per hour. Writes results/benchmarks/gpu_check.json. Without a GPU it says so
+and exits 0.
+
+    python benchmarks/gpu_check.py                       # 32 trials x 9 epochs
+    python benchmarks/gpu_check.py --trials 64 --epochs 27
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+OUT = REPO / "results" / "benchmarks"
+SPACE = REPO / "spaces" / "cnn.yaml"
+
+
+def gpus() -> list[str]:
+    """The CUDA devices PyTorch sees, by name (empty without CUDA)."""
+    try:
+        import torch
+    except ImportError:
+        return []
+    if not torch.cuda.is_available():
+        return []
+    return [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+
+
+class UtilizationSampler(threading.Thread):
+    """Samples ``nvidia-smi --query-gpu=utilization.gpu,memory.used`` every ``period`` s."""
+
+    def __init__(self, period: float = 0.5) -> None:
+        super().__init__(daemon=True)
+        self.period, self.samples = period, []  # type: ignore[var-annotated]
+        self._stop_event = threading.Event()
+
+    def run(self) -> None:
+        cmd = ["nvidia-smi", "--query-gpu=index,utilization.gpu,memory.used",
+               "--format=csv,noheader,nounits"]
+        while not self._stop_event.is_set():
+            try:
+                text = subprocess.run(cmd, capture_output=True, text=True, timeout=5).stdout
+            except (OSError, subprocess.TimeoutExpired):
+                return
+            for line in text.strip().splitlines():
+                index, util, mem = (part.strip() for part in line.split(","))
+                self.samples.append((int(index), float(util), float(mem)))
+            self._stop_event.wait(self.period)
+
+    def stop(self) -> dict[int, dict[str, float]]:
+        """Stops sampling; per GPU: mean and peak utilization (%), peak memory (MiB)."""
+        self._stop_event.set()
+        self.join(timeout=10)
+        out: dict[int, dict[str, float]] = {}
+        for index in sorted({s[0] for s in self.samples}):
+            utils = [s[1] for s in self.samples if s[0] == index]
+            mems = [s[2] for s in self.samples if s[0] == index]
+            out[index] = {"util_mean": round(statistics.mean(utils), 1),
+                          "util_peak": max(utils), "mem_peak_mib": max(mems)}
+        return out
+
+
+def epoch_times(precisions: tuple[str, ...] = ("fp32", "bf16", "fp16"),
+                epochs: int = 4) -> dict[str, float]:
+    """Median epoch time (s) of one mid-sized config of the space on GPU 0, per precision
+    (the first epoch, with its warm-up, is left out)."""
+    from search.data import load_digits
+    from search.trainable import TrialContext
+    from trainables.torch_cnn import train
+
+    data = load_digits(0.2, 0)
+    config = {"channels": 16, "batch_size": 64, "optimizer": "adam", "lr": 3e-3}
+    out = {}
+    for precision in precisions:
+        ctx = TrialContext(max_epochs=epochs, device="cuda", num_threads=1)
+        times = [m["epoch_time_s"] for m in train({**config, "precision": precision}, data, ctx)]
+        out[precision] = round(statistics.median(times[1:] or times), 4)
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--trials", type=int, default=32)
+    parser.add_argument("--epochs", type=int, default=9)
+    args = parser.parse_args()
+
+    found = gpus()
+    if not found:
+        print("no GPU: PyTorch sees no CUDA device on this machine, so there is nothing to "
+              "check here (gpus_per_trial: auto runs such studies on CPUs). Run this on a GPU "
+              "machine.")
+        return
+    print(f"GPUs found: {len(found)}")
+    for i, name in enumerate(found):
+        print(f"  cuda:{i}  {name}")
+
+    from search.data import load_data
+    from search.runner import RunOptions, init_ray, place, run_study
+    from search.spec import load_spec, with_overrides
+    from search.study import load_study
+
+    tmp = Path(tempfile.mkdtemp(prefix="gpu-check-"))
+    spec = with_overrides(load_spec(SPACE), **{
+        "budget.trials": args.trials, "budget.max_epochs": args.epochs,
+        "resources.gpus_per_trial": "auto", "storage": f"sqlite:///{tmp}/optuna.db",
+        "study": "gpu-check"})
+    init_ray(None)
+    placement = place(spec, load_data(spec.data))
+    packing = placement.packing
+    print(f"auto: {placement.note}")
+    print(f"  trials per GPU {packing.trials_per_gpu if packing else 1}, GPU share per trial "
+          f"{placement.gpus_per_trial}, memory cap {placement.memory_fraction}, "
+          f"{placement.cpus_per_trial} CPU(s) and {placement.num_threads} thread(s) per trial, "
+          f"{placement.concurrency} trials at once")
+
+    sampler = UtilizationSampler() if shutil.which("nvidia-smi") else None
+    if sampler:
+        sampler.start()
+    start = time.perf_counter()
+    run_study(spec, RunOptions(results_dir=tmp / "results", progress=False))
+    wall = time.perf_counter() - start
+    utilization = sampler.stop() if sampler else {}
+    study = load_study("gpu-check", spec.storage)
+    devices = sorted({str(t.user_attrs.get("device")) for t in study.trials})
+    print(f"study: {len(study.trials)} trials in {wall:.1f} s -> "
+          f"{len(study.trials) / wall * 3600:.0f} trials per hour; devices seen {devices}")
+    if utilization:
+        for index, u in utilization.items():
+            print(f"  GPU {index}: utilization mean {u['util_mean']} %, peak {u['util_peak']} %, "
+                  f"memory peak {u['mem_peak_mib']:.0f} MiB")
+    else:
+        print("  (nvidia-smi not found: no utilization samples)")
+    times = epoch_times()
+    print("epoch time, one config (channels 16, batch 64, adam) on cuda:0: "
+          + ", ".join(f"{p} {t * 1000:.1f} ms" for p, t in times.items()))
+
+    result: dict[str, Any] = {
+        "gpus": found, "placement": {
+            "note": placement.note, "gpus_per_trial": placement.gpus_per_trial,
+            "trials_per_gpu": packing.trials_per_gpu if packing else 1,
+            "memory_fraction": placement.memory_fraction, "concurrency": placement.concurrency},
+        "trials": len(study.trials), "wall_s": round(wall, 1),
+        "trials_per_hour": round(len(study.trials) / wall * 3600, 1),
+        "utilization": utilization, "epoch_time_s": times, "devices": devices,
+    }
+    OUT.mkdir(parents=True, exist_ok=True)
+    (OUT / "gpu_check.json").write_text(json.dumps(result, indent=2))
+    print(f"wrote {OUT / 'gpu_check.json'}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,387 @@
+"""The digits CNN space against its peers: same training code, same budget, only orchestration
+differs.
+
+Every contender trains ``trainables.torch_cnn.train`` (the same generator) on the space of
+``spaces/cnn.yaml`` with ``--trials`` trials of at most ``--epochs`` epochs, once per seed, on
+the same machine, one contender after another (each in its own subprocess; Ray-based ones
+start their Ray and run a one-trial warm-up first; seed by seed, so that a busy spell on the
+machine hits every contender alike):
+
+    search        this project: Optuna TPE through the bridge, ASHA (grace 1, factor 3)
+    optuna-sh     Optuna in one process: TPE + SuccessiveHalvingPruner (min 1, factor 3),
+                  n_jobs = cores (threads)
+    ray-asha      stock Ray Tune: random search (BasicVariantGenerator) + ASHA (grace 1,
+                  factor 3), Tune's defaults otherwise (a new actor per trial, loggers on)
+    random        random search without pruning: Optuna RandomSampler, no pruner,
+                  n_jobs = cores
+
+Reported per contender (median over seeds): wall time, time until some epoch reaches
+``--target`` val_accuracy (``-`` if never), best val_accuracy within the budget, epochs
+trained. Writes results/benchmarks/peers.csv (one row per run), peers_summary.csv and
+peers.png (best val_accuracy so far against wall time, median over seeds).
+
+    python benchmarks/peers.py                              # 16 trials x 9 epochs, 3 seeds
+    python benchmarks/peers.py --trials 12 --epochs 6 --seeds 0 1 --only search optuna-sh
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+OUT = REPO / "results" / "benchmarks"
+SPACE = REPO / "spaces" / "cnn.yaml"
+CONTENDERS = ("search", "optuna-sh", "ray-asha", "random")
+LABELS = {
+    "search": "this project (TPE + ASHA on Ray)",
+    "optuna-sh": "Optuna one process (TPE + SHA pruner)",
+    "ray-asha": "Ray Tune stock (random + ASHA)",
+    "random": "random search, no pruning",
+}
+
+
+class Recorder:
+    """Thread-safe log of ``(seconds since start, val_accuracy)``, one entry per epoch."""
+
+    def __init__(self) -> None:
+        self.start = time.perf_counter()
+        self.points: list[tuple[float, float]] = []
+        self.epochs = 0
+        self._lock = threading.Lock()
+
+    def __getstate__(self) -> dict[str, Any]:  # Tune pickles its callbacks; locks do not pickle
+        return {k: v for k, v in self.__dict__.items() if k != "_lock"}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state, _lock=threading.Lock())
+
+    def add(self, value: float) -> None:
+        with self._lock:
+            self.points.append((time.perf_counter() - self.start, float(value)))
+            self.epochs += 1
+
+
+def _spec(trials: int, epochs: int, seed: int, tmp: Path) -> Any:
+    from search.spec import load_spec, with_overrides
+
+    return with_overrides(load_spec(SPACE), **{
+        "budget.trials": trials, "budget.max_epochs": epochs, "sampler.seed": seed,
+        "storage": f"sqlite:///{tmp}/optuna.db", "study": f"peers-{seed}",
+        "asha.grace_period": 1, "asha.reduction_factor": 3})
+
+
+# ---- contenders -------------------------------------------------------------------------------
+
+def _search(trials: int, epochs: int, seeds: list[int], cpus: int, tmp: Path) -> list[dict]:
+    from ray.tune import Callback
+
+    from search.runner import RunOptions, init_ray, run_study
+
+    class Tap(Callback):
+        def __init__(self, recorder: Recorder) -> None:
+            self.recorder = recorder
+
+        def on_trial_result(self, iteration: int, trials: list, trial: Any, result: dict,
+                            **info: Any) -> None:
+            if "val_accuracy" in result:
+                self.recorder.add(result["val_accuracy"])
+
+    init_ray(None, num_cpus=cpus)
+    run_study(_spec(1, 1, 99, tmp), RunOptions(results_dir=tmp / "r", progress=False))  # warm
+    out = []
+    for seed in seeds:
+        recorder = Recorder()
+        run_study(_spec(trials, epochs, seed, tmp),
+                  RunOptions(results_dir=tmp / "r", progress=False, callbacks=[Tap(recorder)]))
+        out.append(_summary(recorder))
+    return out
+
+
+def _optuna(trials: int, epochs: int, seeds: list[int], cpus: int, tmp: Path,
+            pruned: bool) -> list[dict]:
+    import optuna
+
+    from search.data import load_data
+    from search.space import sample
+    from search.trainable import TrialContext
+    from trainables.torch_cnn import train
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+    def objective_for(spec: Any, recorder: Recorder | None) -> Callable[[Any], float]:
+        data = load_data(spec.data)
+
+        def objective(trial: Any) -> float:
+            params = {**spec.fixed, **sample(trial, spec.space)}
+            ctx = TrialContext(max_epochs=spec.budget.max_epochs, num_threads=1,
+                               seed=(spec.sampler.seed or 0) + trial.number)
+            value = 0.0
+            generator = train(params, data, ctx)
+            try:
+                for epoch, metrics in enumerate(generator, 1):
+                    value = float(metrics["val_accuracy"])
+                    if recorder:
+                        recorder.add(value)
+                    trial.report(value, epoch)
+                    if trial.should_prune():
+                        raise optuna.TrialPruned()
+            finally:
+                generator.close()
+            return value
+
+        return objective
+
+    def study(seed: int) -> Any:
+        if pruned:
+            sampler: Any = optuna.samplers.TPESampler(seed=seed, multivariate=True, group=True,
+                                                      constant_liar=True)
+            pruner: Any = optuna.pruners.SuccessiveHalvingPruner(min_resource=1,
+                                                                 reduction_factor=3)
+        else:
+            sampler, pruner = optuna.samplers.RandomSampler(seed=seed), optuna.pruners.NopPruner()
+        return optuna.create_study(direction="maximize", sampler=sampler, pruner=pruner)
+
+    study(99).optimize(objective_for(_spec(1, 1, 99, tmp), None), n_trials=1)  # warm
+    out = []
+    for seed in seeds:
+        recorder = Recorder()
+        spec = _spec(trials, epochs, seed, tmp)
+        study(seed).optimize(objective_for(spec, recorder), n_trials=trials, n_jobs=cpus)
+        out.append(_summary(recorder))
+    return out
+
+
+def _tune_domains(space: dict) -> dict:
+    from ray import tune
+
+    domains = {}
+    for name, param in space.items():
+        kind = param.kind
+        if kind == "uniform":
+            domains[name] = tune.uniform(*param.uniform)
+        elif kind == "loguniform":
+            domains[name] = tune.loguniform(*param.loguniform)
+        elif kind == "int":
+            domains[name] = tune.randint(param.int_[0], param.int_[1] + 1)
+        elif kind == "choice":
+            domains[name] = tune.choice(param.choice)
+        else:
+            domains[name] = param.fixed
+    return domains
+
+
+def _tune_trial(config: dict, space: dict, fixed: dict, epochs: int, data: Any) -> None:
+    from ray import tune
+
+    from search.space import is_active, order
+    from search.trainable import TrialContext
+    from trainables.torch_cnn import train
+
+    params: dict = {}
+    for name in order(space):  # Tune has no conditions: drop what the space would not ask
+        if is_active(space[name], params):
+            params[name] = config[name]
+    ctx = TrialContext(max_epochs=epochs, num_threads=1, seed=int(config["seed"]))
+    for metrics in train({**fixed, **params}, data, ctx):
+        tune.report(metrics)
+
+
+def _ray_asha(trials: int, epochs: int, seeds: list[int], cpus: int, tmp: Path) -> list[dict]:
+    import ray
+    from ray import tune
+    from ray.tune.schedulers import ASHAScheduler
+    from ray.tune.search.basic_variant import BasicVariantGenerator
+
+    from search.data import load_data
+
+    class Tap(tune.Callback):
+        def __init__(self, recorder: Recorder | None) -> None:
+            self.recorder = recorder
+
+        def on_trial_result(self, iteration: int, trials: list, trial: Any, result: dict,
+                            **info: Any) -> None:
+            if self.recorder and "val_accuracy" in result:
+                self.recorder.add(result["val_accuracy"])
+
+    ray.init(num_cpus=cpus, include_dashboard=False, log_to_driver=False)
+
+    def fit(seed: int, n: int, e: int, recorder: Recorder | None) -> None:
+        spec = _spec(n, e, seed, tmp)
+        trainable = tune.with_parameters(_tune_trial, space=spec.space, fixed=spec.fixed,
+                                         epochs=e, data=load_data(spec.data))
+        tune.Tuner(
+            trainable,
+            param_space={**_tune_domains(spec.space), "seed": tune.randint(0, 2**31 - 1)},
+            tune_config=tune.TuneConfig(
+                metric="val_accuracy", mode="max", num_samples=n,
+                search_alg=BasicVariantGenerator(random_state=seed),
+                scheduler=ASHAScheduler(max_t=e, grace_period=1, reduction_factor=3)),
+            run_config=tune.RunConfig(name=f"peers-{seed}-{n}", storage_path=str(tmp / "ray"),
+                                      callbacks=[Tap(recorder)], verbose=0),
+        ).fit()
+
+    fit(99, 1, 1, None)  # warm
+    out = []
+    for seed in seeds:
+        recorder = Recorder()
+        fit(seed, trials, epochs, recorder)
+        out.append(_summary(recorder))
+    return out
+
+
+def _summary(recorder: Recorder) -> dict:
+    return {"wall_s": time.perf_counter() - recorder.start, "epochs": recorder.epochs,
+            "points": recorder.points}
+
+
+def run_contender(name: str, trials: int, epochs: int, seeds: list[int], cpus: int) -> list[dict]:
+    """One summary per seed: wall seconds, epochs trained, (seconds, val_accuracy) points."""
+    with tempfile.TemporaryDirectory(prefix=f"peers-{name}-") as folder:
+        tmp = Path(folder)
+        if name == "search":
+            return _search(trials, epochs, seeds, cpus, tmp)
+        if name == "optuna-sh":
+            return _optuna(trials, epochs, seeds, cpus, tmp, pruned=True)
+        if name == "random":
+            return _optuna(trials, epochs, seeds, cpus, tmp, pruned=False)
+        if name == "ray-asha":
+            return _ray_asha(trials, epochs, seeds, cpus, tmp)
+    raise ValueError(name)
+
+
+# ---- the driver -------------------------------------------------------------------------------
+
+def _time_to(points: list[tuple[float, float]], target: float) -> float | None:
+    return next((t for t, v in sorted(points) if v >= target), None)
+
+
+def _best_so_far(points: list[tuple[float, float]], grid: list[float]) -> list[float]:
+    ordered, best, i, out = sorted(points), float("nan"), 0, []
+    for t in grid:
+        while i < len(ordered) and ordered[i][0] <= t:
+            best = ordered[i][1] if best != best else max(best, ordered[i][1])
+            i += 1
+        out.append(best)
+    return out
+
+
+def _plot(runs: dict[str, list[dict]], target: float, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    horizon = max(r["wall_s"] for rs in runs.values() for r in rs)
+    grid = [horizon * i / 300 for i in range(301)]
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    for name, results in runs.items():
+        curves = [_best_so_far(r["points"], grid) for r in results]
+        median = []
+        for column in zip(*curves, strict=True):
+            known = [v for v in column if v == v]
+            median.append(statistics.median(known) if len(known) * 2 > len(column) else None)
+        style = {"lw": 2.5} if name == "search" else {"lw": 1.5}
+        ax.plot(grid, [m if m is not None else float("nan") for m in median],
+                label=LABELS[name], **style)
+    ax.axhline(target, color="gray", ls=":", lw=1)
+    ax.set_xlabel("wall time (s)")
+    ax.set_ylabel("best val_accuracy so far (median over seeds)")
+    ax.set_ylim(0.5, 1.0)
+    ax.legend(loc="lower right")
+    ax.set_title("Digits CNN: anytime performance, same budget, same training code")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--trials", type=int, default=16)
+    parser.add_argument("--epochs", type=int, default=9)
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--target", type=float, default=0.95)
+    parser.add_argument("--cpus", type=int, default=os.cpu_count() or 2)
+    parser.add_argument("--only", nargs="*", choices=CONTENDERS, default=list(CONTENDERS))
+    parser.add_argument("--contender", choices=CONTENDERS, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.contender:  # the subprocess
+        found = run_contender(args.contender, args.trials, args.epochs, args.seeds, args.cpus)
+        print("RESULT " + json.dumps(found), flush=True)
+        return
+
+    runs: dict[str, list[dict]] = {name: [] for name in args.only}
+    for seed in args.seeds:  # seed by seed, so a busy spell on the machine hits every contender
+        for name in args.only:
+            cmd = [sys.executable, __file__, "--contender", name, "--trials", str(args.trials),
+                   "--epochs", str(args.epochs), "--cpus", str(args.cpus), "--seeds", str(seed)]
+            done = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO,
+                                  env={**os.environ, "PYTHONPATH": str(REPO)})
+            lines = [ln for ln in done.stdout.splitlines() if ln.startswith("RESULT ")]
+            if done.returncode != 0 or not lines:
+                raise SystemExit(f"{name} failed:\n{done.stderr[-3000:]}")
+            runs[name] += json.loads(lines[-1][len("RESULT "):])
+            print(f"  seed {seed} {name:<10} {runs[name][-1]['wall_s']:6.1f} s",
+                  file=sys.stderr, flush=True)
+
+    OUT.mkdir(parents=True, exist_ok=True)
+    per_run, summary = [], []
+    for name, results in runs.items():
+        for seed, r in zip(args.seeds, results, strict=True):
+            per_run.append({"contender": name, "seed": seed, "wall_s": round(r["wall_s"], 1),
+                            "epochs": r["epochs"],
+                            "best": round(max((v for _, v in r["points"]), default=0.0), 4),
+                            "time_to_target_s": _round(_time_to(r["points"], args.target))})
+        rows = [p for p in per_run if p["contender"] == name]
+        reached = [p["time_to_target_s"] for p in rows if p["time_to_target_s"] is not None]
+        summary.append({
+            "contender": name, "seeds": len(rows), "trials": args.trials, "epochs": args.epochs,
+            "wall_s": round(statistics.median(p["wall_s"] for p in rows), 1),
+            "epochs_trained": statistics.median(p["epochs"] for p in rows),
+            "best": statistics.median(p["best"] for p in rows),
+            "reached_target": f"{len(reached)}/{len(rows)}",
+            "time_to_target_s": (round(statistics.median(reached), 1)
+                                 if len(reached) * 2 > len(rows) else None),
+        })
+    _write(OUT / "peers.csv", per_run)
+    _write(OUT / "peers_summary.csv", summary)
+    _plot(runs, args.target, OUT / "peers.png")
+
+    ours = next((s for s in summary if s["contender"] == "search"), None)
+    print(f"\ndigits CNN, {args.trials} trials x {args.epochs} epochs, seeds {args.seeds}, "
+          f"{args.cpus} CPUs, target val_accuracy {args.target} (medians over seeds)")
+    print(f"{'contender':<40} {'wall s':>7} {'x ours':>6} {'to target s':>11} {'x ours':>6} "
+          f"{'reached':>7} {'best':>6} {'epochs':>6}")
+    for s in summary:
+        wall_x = s["wall_s"] / ours["wall_s"] if ours else float("nan")
+        tt, ott = s["time_to_target_s"], ours["time_to_target_s"] if ours else None
+        tt_x = f"{tt / ott:.2f}" if tt and ott else "-"
+        print(f"{LABELS[s['contender']]:<40} {s['wall_s']:>7.1f} {wall_x:>6.2f} "
+              f"{tt if tt is not None else '-':>11} {tt_x:>6} {s['reached_target']:>7} "
+              f"{s['best']:>6.4f} {s['epochs_trained']:>6}")
+    print(f"\nwrote {OUT / 'peers.csv'}, {OUT / 'peers_summary.csv'} and {OUT / 'peers.png'}")
+
+
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(value, 1)
+
+
+def _write(path: Path, rows: list[dict]) -> None:
+    with path.open("w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+if __name__ == "__main__":
+    main()

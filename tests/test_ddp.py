@@ -1,0 +1,90 @@
+"""Data-parallel trials: several processes (gloo on CPU) train one trial; the study sees one.
+
+``resources.workers_per_trial: 2`` on a CPU machine forces two gloo workers per trial, the way
+``gpus_per_trial: 2`` gives two NCCL workers on GPUs (:mod:`search.distributed`).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import optuna
+import pytest
+
+from search.data import Dataset, load_digits
+from search.distributed import data_parallel
+from search.runner import RunOptions, run_study
+from search.spec import parse_spec
+from search.trainable import TrialContext
+from tests.conftest import base_spec
+
+pytestmark = [pytest.mark.slow, pytest.mark.torch]
+
+DATA_PARALLEL = True  # the probe below trains "data-parallel"
+
+
+def probe(config: Mapping[str, Any], data: Dataset, ctx: TrialContext) -> Iterator[dict]:
+    """Reports what rank 0 learns from the process group: world size, every rank's pid."""
+    import torch
+    import torch.distributed as dist
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    pids = [torch.zeros(1, dtype=torch.float64) for _ in range(world)]
+    dist.all_gather(pids, torch.tensor([float(os.getpid())], dtype=torch.float64))
+    for epoch in range(ctx.start_epoch, ctx.max_epochs + 1):
+        if config.get("raise_on_rank") == rank and epoch == 2:
+            raise ValueError(f"rank {rank} failed at epoch {epoch}")
+        dist.barrier()
+        yield {"val_accuracy": 0.5, "world": float(world), "rank": float(rank),
+               "extras_world": float(ctx.extras["ddp_world_size"]),
+               **{f"pid{r}": float(p.item()) for r, p in enumerate(pids)}}
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def test_two_gloo_workers_report_through_rank_zero_and_die_with_the_trial() -> None:
+    ctx = TrialContext(max_epochs=3, num_threads=1)
+    epochs = data_parallel("tests.test_ddp:probe", {}, load_digits(0.2, 0), ctx, workers=2)
+    first = next(epochs)
+    assert (first["world"], first["rank"], first["extras_world"]) == (2.0, 0.0, 2.0)
+    pids = [int(first["pid0"]), int(first["pid1"])]
+    assert len(set(pids)) == 2 and os.getpid() not in pids
+    assert all(_alive(pid) for pid in pids)
+    epochs.close()  # what ASHA's stop does to the trial's generator
+    assert not any(_alive(pid) for pid in pids)
+
+
+def test_an_error_on_any_rank_ends_the_trial_with_that_error() -> None:
+    ctx = TrialContext(max_epochs=3, num_threads=1)
+    epochs = data_parallel("tests.test_ddp:probe", {"raise_on_rank": 1}, load_digits(0.2, 0),
+                           ctx, workers=2)
+    with pytest.raises(ValueError, match="rank 1 failed at epoch 2"):
+        list(epochs)
+
+
+def test_a_cnn_trial_trains_on_two_gloo_workers_and_the_study_records_one_trial(
+    ray_local: None, tmp_path: Path
+) -> None:
+    spec = parse_spec(base_spec(
+        tmp_path, study="ddp", trainable="torch_cnn", budget={"trials": 1, "max_epochs": 3},
+        asha={"enabled": False}, resources={"workers_per_trial": 2, "cpus_per_trial": 2},
+        fixed={"channels": 8, "optimizer": "adam", "batch_size": 64},
+        space={"lr": {"loguniform": [3.0e-3, 4.0e-3]}},
+    ))
+    run_study(spec, RunOptions(results_dir=tmp_path / "results", progress=False))
+    study = optuna.load_study(study_name="ddp", storage=spec.storage)
+    assert len(study.trials) == 1
+    trial = study.trials[0]
+    assert trial.state.name == "COMPLETE", trial.user_attrs.get("fail_reason")
+    assert sorted(trial.intermediate_values) == [1, 2, 3]
+    assert trial.user_attrs["device"] == "cpu" and trial.user_attrs["epochs"] == 3
+    assert trial.value is not None and trial.value > 0.8  # both shards trained one model

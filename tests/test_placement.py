@@ -1,0 +1,293 @@
+"""Placement: the packing arithmetic, ``auto`` on CPUs, and trials on logical GPUs.
+
+The arithmetic is pure (``search.placement``). The Ray tests run the synthetic
+``search.testing:curve`` trainable with its tracing knobs (``trace_dir``, ``wait_for``,
+``oom_below_share``): every trial writes where and when it ran. The logical-GPU test starts
+its own Ray with 4 GPUs the machine does not have, in a subprocess (the session's shared Ray
+has none): Ray hands out GPU ids and sets ``CUDA_VISIBLE_DEVICES`` all the same.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+import textwrap
+from collections import Counter
+from pathlib import Path
+
+import optuna
+import pytest
+
+from search.errors import SearchError
+from search.placement import (
+    CUDA_CONTEXT_BYTES,
+    Measurement,
+    Packing,
+    PlacementError,
+    grow_share,
+    largest_config,
+    memory_fraction,
+    out_of_memory,
+    pack,
+    resolve,
+    share_extras,
+)
+from search.runner import RunOptions, run_study
+from search.space import Param
+from search.spec import ResourcesSpec, parse_spec
+from tests.conftest import REPO, base_spec
+
+GIB = 2**30
+
+
+def res(**kwargs: object) -> ResourcesSpec:
+    return ResourcesSpec.model_validate(kwargs)
+
+
+# ---- pure arithmetic ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("peak_gib", "total_gib", "headroom", "expected"),
+    [
+        (2, 80, 0.25, 16),  # 26 fit, capped at 16
+        (20, 80, 0.25, 3),  # 80 // (25 + 0.5)
+        (10, 80, 0.0, 7),  # 80 // 10.5
+        (30, 80, 0.5, 1),  # 45.5 fits once: the whole GPU
+        (90, 80, 0.25, 1),  # does not fit at all: still one trial (it may OOM, and retry)
+    ],
+)
+def test_pack_fits_peak_headroom_and_context_into_each_share(
+    peak_gib: float, total_gib: float, headroom: float, expected: int
+) -> None:
+    peak, total = int(peak_gib * GIB), int(total_gib * GIB)
+    packing = pack(peak, total, headroom)
+    assert packing.trials_per_gpu == expected
+    if expected == 1:
+        assert packing == Packing(1, 1.0, None)
+        return
+    assert packing.gpu_share == math.floor(10_000 / expected) / 10_000
+    assert packing.trials_per_gpu * packing.gpu_share <= 1.0
+    cap = packing.memory_fraction
+    assert cap is not None
+    # each trial's allocator cap holds its peak and headroom; cap + context stays in its share
+    assert cap * total >= peak * (1 + headroom) * 0.999
+    assert cap * total + CUDA_CONTEXT_BYTES <= packing.gpu_share * total + 1
+
+
+def test_pack_respects_max_per_gpu_and_rejects_nonsense() -> None:
+    assert pack(1 * GIB, 80 * GIB, max_per_gpu=4).trials_per_gpu == 4
+    assert pack(0, 80 * GIB).trials_per_gpu == 16  # nothing measured on the GPU: context only
+    with pytest.raises(ValueError):
+        pack(GIB, 0)
+    with pytest.raises(ValueError):
+        pack(GIB, GIB, headroom=-0.1)
+
+
+def test_grow_share_doubles_until_a_whole_gpu() -> None:
+    assert [grow_share(s) for s in (0.0625, 0.125, 0.25, 0.5, 1.0)] == [0.125, 0.25, 0.5, 1.0, 1.0]
+    assert grow_share(0.3333) == 1.0 and grow_share(0.2) == 0.5
+
+
+def test_memory_fraction_of_a_share() -> None:
+    assert memory_fraction(1.0) is None
+    assert memory_fraction(0.5) == 0.45  # GPU size unknown: 5 % kept for the CUDA context
+    assert memory_fraction(0.25, total_bytes=16 * GIB) == 0.2187  # 0.25 - 0.5/16
+
+
+def test_share_extras_scales_the_cap_with_the_share_a_retry_holds() -> None:
+    planned = {"gpu_share": 0.25, "gpu_memory_fraction": 0.2, "other": 1}
+    assert share_extras(planned, 0.25)["gpu_memory_fraction"] == 0.2
+    assert share_extras(planned, 0.5)["gpu_memory_fraction"] == 0.4
+    assert share_extras(planned, 1.0)["gpu_memory_fraction"] is None
+    assert share_extras(planned, None) == planned
+    unplanned = share_extras({}, 0.5)
+    assert unplanned["gpu_share"] == 0.5 and unplanned["gpu_memory_fraction"] == 0.45
+
+
+def test_out_of_memory_recognises_torch_and_tf_errors() -> None:
+    assert out_of_memory("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2 GiB")
+    assert out_of_memory("ResourceExhaustedError: OOM when allocating tensor")
+    assert not out_of_memory("ValueError: synthetic failure at epoch 4")
+
+
+def test_largest_config_takes_the_upper_end_of_every_size() -> None:
+    space = {
+        "batch_size": Param(choice=[32, 64, 256, 128]),
+        "channels": Param.model_validate({"int": [8, 64]}),
+        "lr": Param(loguniform=(1e-4, 1e-1)),
+        "precision": Param(choice=["bf16", "fp32"]),
+        "optimizer": Param(choice=["sgd", "adamw"]),
+        "momentum": Param(uniform=(0.8, 0.99), when={"optimizer": "sgd"}),
+        "lr_scheduler": Param(choice=["none", "cosine"]),
+    }
+    config = largest_config(space, {"num_workers": 0})
+    assert config == {"num_workers": 0, "batch_size": 256, "channels": 64, "lr": 0.1,
+                      "precision": "fp32", "optimizer": "adamw", "lr_scheduler": "none"}
+
+
+# ---- resolve: what each trial gets ----------------------------------------------------------
+
+
+def test_auto_without_gpus_runs_on_cpus_with_one_thread_per_core_share() -> None:
+    placed = resolve(res(gpus_per_trial="auto"), {"CPU": 8.0})
+    assert (placed.gpus_per_trial, placed.concurrency, placed.num_threads) == (0.0, 8, 1)
+    assert placed.cpus_per_trial == 1.0 and placed.memory_fraction is None
+    assert "no GPU" in placed.note
+
+
+def test_auto_without_gpus_gives_fewer_trials_more_threads() -> None:
+    placed = resolve(res(gpus_per_trial="auto", max_concurrent=2), {"CPU": 8.0})
+    assert (placed.cpus_per_trial, placed.concurrency, placed.num_threads) == (4.0, 2, 4)
+    placed = resolve(res(gpus_per_trial="auto", cpus_per_trial=3), {"CPU": 8.0})
+    assert (placed.concurrency, placed.num_threads) == (2, 3)
+
+
+def test_auto_on_gpus_packs_what_the_measurement_allows() -> None:
+    measured = Measurement(peak_bytes=6 * GIB, total_bytes=80 * GIB)
+    placed = resolve(res(gpus_per_trial="auto"), {"CPU": 32.0, "GPU": 2.0}, measured)
+    # 80 // (7.5 + 0.5) = 10 per GPU, 20 at once; 32 cores -> 1 CPU each
+    assert placed.packing is not None and placed.packing.trials_per_gpu == 10
+    assert (placed.gpus_per_trial, placed.concurrency, placed.cpus_per_trial) == (0.1, 20, 1.0)
+    assert placed.memory_fraction == memory_fraction(0.1, 80 * GIB)
+    assert placed.extras()["gpu_memory_fraction"] == placed.memory_fraction
+
+
+def test_auto_on_gpus_spreads_cpu_bound_trials_over_every_gpu() -> None:
+    measured = Measurement(peak_bytes=GIB // 10, total_bytes=80 * GIB)
+    placed = resolve(res(gpus_per_trial="auto"), {"CPU": 16.0, "GPU": 8.0}, measured)
+    # 16 cores allow 16 trials: 2 per GPU (not 16 crowding GPU 0), 1 core each
+    assert placed.packing is not None and placed.packing.trials_per_gpu == 2
+    assert (placed.gpus_per_trial, placed.concurrency) == (0.5, 16)
+    unmeasured = resolve(res(gpus_per_trial="auto"), {"CPU": 16.0, "GPU": 2.0}, None)
+    assert (unmeasured.gpus_per_trial, unmeasured.concurrency) == (1.0, 2)
+    assert unmeasured.memory_fraction is None and unmeasured.cpus_per_trial == 8.0
+
+
+def test_fractional_gpus_pack_and_cap_memory() -> None:
+    placed = resolve(res(gpus_per_trial=0.5, cpus_per_trial=1), {"CPU": 8.0, "GPU": 4.0})
+    assert (placed.concurrency, placed.memory_fraction, placed.workers) == (8, 0.45, 1)
+
+
+def test_several_gpus_or_workers_make_a_data_parallel_trial() -> None:
+    placed = resolve(res(gpus_per_trial=2), {"CPU": 8.0, "GPU": 4.0})
+    assert (placed.workers, placed.cpus_per_trial, placed.concurrency, placed.num_threads) == (
+        2, 2.0, 2, 1)
+    cpu = resolve(res(workers_per_trial=2, cpus_per_trial=2), {"CPU": 2.0})
+    assert (cpu.workers, cpu.gpus_per_trial, cpu.concurrency, cpu.num_threads) == (2, 0.0, 1, 1)
+    single = resolve(res(gpus_per_trial=2), {"CPU": 8.0, "GPU": 4.0}, data_parallel=False)
+    assert single.workers == 1  # one process holds both GPUs (TensorFlow: MirroredStrategy)
+    with pytest.raises(PlacementError, match="workers_per_trial"):
+        resolve(res(workers_per_trial=2), {"CPU": 2.0}, data_parallel=False)
+
+
+def test_gpus_asked_of_a_cluster_without_any_is_one_line() -> None:
+    with pytest.raises(PlacementError) as err:
+        resolve(res(gpus_per_trial=0.5), {"CPU": 2.0})
+    assert isinstance(err.value, SearchError) and "\n" not in str(err.value)
+
+
+# ---- on the session's Ray (2 CPUs, no GPU) ----------------------------------------------------
+
+
+@pytest.mark.ray
+@pytest.mark.parametrize(("max_concurrent", "threads"), [(None, 1), (1, 2)])
+def test_auto_on_cpu_sets_each_trials_threads_to_its_cpu_share(
+    ray_local: None, tmp_path: Path, max_concurrent: int | None, threads: int
+) -> None:
+    trace = tmp_path / "trace"
+    resources = {"gpus_per_trial": "auto", **({"max_concurrent": max_concurrent}
+                                              if max_concurrent else {})}
+    spec = parse_spec(base_spec(tmp_path, budget={"trials": 2, "max_epochs": 1},
+                                resources=resources, fixed={"trace_dir": str(trace)}))
+    run_study(spec, RunOptions(results_dir=tmp_path / "results", progress=False))
+    records = [json.loads(p.read_text()) for p in trace.glob("trial-*.json")]
+    assert len(records) == 2
+    assert {(r["device"], r["num_threads"], r["gpu_share"]) for r in records} == {
+        ("cpu", threads, None)}
+    study = optuna.load_study(study_name="t", storage=spec.storage)
+    assert [t.user_attrs["device"] for t in study.trials] == ["cpu", "cpu"]
+
+
+# ---- 4 logical GPUs, in a subprocess with its own Ray ------------------------------------------
+
+DRIVER = textwrap.dedent(
+    """
+    import sys
+    from pathlib import Path
+
+    from search.runner import RunOptions, init_ray, run_study
+    from search.spec import load_spec
+
+    init_ray(None, num_cpus=2, num_gpus=4)
+    for path in sys.argv[1:]:
+        run_study(load_spec(path), RunOptions(results_dir=Path(path).parent / "results",
+                                              progress=False))
+    """
+)
+
+
+def _spec(tmp: Path, name: str, trials: int, resources: dict, fixed: dict) -> Path:
+    data = base_spec(tmp, study=name, budget={"trials": trials, "max_epochs": 2},
+                     asha={"enabled": False}, resources=resources, fixed=fixed)
+    path = tmp / f"{name}.yaml"
+    path.write_text(json.dumps(data))
+    return path
+
+
+def _max_overlap(records: list[dict]) -> int:
+    events = sorted([(r["start"], 1) for r in records] + [(r["end"], -1) for r in records])
+    running = peak = 0
+    for _, step in events:
+        running += step
+        peak = max(peak, running)
+    return peak
+
+
+@pytest.mark.slow
+def test_half_gpus_on_four_logical_gpus_run_eight_trials_at_once(tmp_path: Path) -> None:
+    packed_trace, oom_trace = tmp_path / "packed", tmp_path / "oom"
+    packed = _spec(tmp_path, "packed", 8, {"cpus_per_trial": 0.25, "gpus_per_trial": 0.5},
+                   {"trace_dir": str(packed_trace), "wait_for": 8})
+    oom = _spec(tmp_path, "oom", 2, {"cpus_per_trial": 0.25, "gpus_per_trial": 0.25},
+                {"trace_dir": str(oom_trace), "oom_below_share": 0.5})
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    done = subprocess.run([sys.executable, "-c", DRIVER, str(packed), str(oom)], cwd=REPO,
+                          env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+
+    records = [json.loads(p.read_text()) for p in packed_trace.glob("trial-*.json")]
+    assert len(records) == 8 and all(r["end"] for r in records)
+    # the barrier (wait_for: 8) passed, so all 8 ran at once; the trace shows it too
+    assert _max_overlap(records) == 8
+    # each trial saw the GPU Ray assigned: one id in CUDA_VISIBLE_DEVICES, two trials per GPU
+    assert Counter(r["cuda_visible_devices"] for r in records) == {g: 2 for g in "0123"}
+    assert {(r["device"], r["gpu_share"], r["gpu_memory_fraction"]) for r in records} == {
+        ("cuda", 0.5, 0.45)}
+    study = optuna.load_study(study_name="packed", storage=f"sqlite:///{tmp_path}/optuna.db")
+    seen = {r["trial"]: r["cuda_visible_devices"] for r in records}
+    assert len(study.trials) == 8
+    for t in study.trials:
+        assert t.state.name == "COMPLETE"
+        assert t.user_attrs["device"] == f"cuda ({seen[t.number]})"  # what Ray assigned
+
+    # out of memory at a quarter GPU: retried by Tune at half a GPU, COMPLETE, one trial each
+    study = optuna.load_study(study_name="oom", storage=f"sqlite:///{tmp_path}/optuna.db")
+    assert [t.state.name for t in study.trials] == ["COMPLETE", "COMPLETE"]
+    assert [t.user_attrs["retries"] for t in study.trials] == [1, 1]
+    attempts = sorted((r["trial"], r["gpu_share"], r["gpu_memory_fraction"])
+                      for r in (json.loads(p.read_text()) for p in oom_trace.glob("*.json")))
+    assert attempts == [(0, 0.25, 0.2), (0, 0.5, 0.4), (1, 0.25, 0.2), (1, 0.5, 0.4)]
+
+
+@pytest.mark.torch
+def test_the_memory_measurement_is_skipped_without_cuda() -> None:
+    from search.data import load_digits
+    from search.placement import measure_peak
+
+    config = largest_config(parse_spec(base_spec(Path("."), trainable="torch_cnn", space={
+        "batch_size": {"choice": [32, 256]}})).space, {"channels": 8})
+    assert measure_peak("torch_cnn", config, load_digits(0.2, 0), {}) is None
