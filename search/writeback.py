@@ -7,7 +7,9 @@ read. :class:`WriteBehindStorage` queues those writes and one background thread 
 in the order they were made; everything else (creating a trial, its parameters, every read)
 goes straight to the wrapped storage.
 
-Reads stay consistent for the driver: a read of a trial with writes still queued returns the
+The one write that waits is a trial's final state: ``tell`` returns only once it (and
+everything queued before it) is committed, so a driver killed right after loses no finished
+trial. Reads stay consistent for the driver: a read of a trial with writes still queued returns the
 trial with those writes applied (an overlay), so ``tell`` of a PRUNED trial still sees its last
 intermediate value and the sampler sees a finished trial as finished. A trial this driver
 created is only ever written by this driver, so until it finishes ``get_trial`` answers from a
@@ -200,6 +202,9 @@ class WriteBehindStorage(BaseStorage):
             self.flush()
             return self.inner.set_trial_state_values(trial_id, state, values)
         self._defer(trial_id, "set_trial_state_values", state, values)
+        # A finished trial is durable when ``tell`` returns: a driver killed a moment later
+        # must not lose it (its epochs may lag by the queue, its fate may not).
+        self.flush()
         return True
 
     # ---- straight through -------------------------------------------------------------------
