@@ -131,7 +131,9 @@ class ResourcesSpec(_Strict):
         if workers is None or workers == 1 or gpus is None:
             return workers
         if gpus == "auto" or 0 < gpus < 1:
-            raise ValueError(f"several workers need whole GPUs (or none), not gpus_per_trial {gpus}")
+            raise ValueError(
+                f"several workers need whole GPUs (or none), not gpus_per_trial {gpus}"
+            )
         if gpus >= 1 and workers != int(gpus):
             raise ValueError(
                 f"each worker trains on one of the trial's {int(gpus)} GPUs; set {int(gpus)} or "
