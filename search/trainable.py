@@ -157,3 +157,37 @@ def resolve_exporter(name: str) -> ExportFn | None:
         if callable(fn):
             return fn  # type: ignore[no-any-return]
     return None
+
+
+def train_to_end(
+    train: TrainFn, config: Mapping[str, Any], data: Dataset, ctx: TrialContext
+) -> tuple[dict[str, Any], Metrics, int]:
+    """Runs ``train`` through every epoch for an export, capturing the model it exposes.
+
+    The trainable hands its model out through ``ctx.extras["model_out"]`` (a dict it fills);
+    each epoch's metrics are appended to ``ctx.extras["history"]`` when that is a list.
+    Checkpointing is off: an export trains in one go.
+
+    Returns:
+        The filled ``model_out`` dict, the last epoch's metrics, and the epochs trained.
+
+    Raises:
+        RuntimeError: When the trainable did not expose its model.
+    """
+    import dataclasses
+
+    handle: dict[str, Any] = {}
+    history = ctx.extras.get("history")
+    run_ctx = dataclasses.replace(
+        ctx, extras={**ctx.extras, "model_out": handle},
+        checkpoint_dir=None, restore_dir=None, start_epoch=1,
+    )
+    last: Metrics = {}
+    epochs = 0
+    for metrics in train(config, data, run_ctx):
+        last, epochs = dict(metrics), epochs + 1
+        if isinstance(history, list):
+            history.append(dict(metrics))
+    if "model" not in handle:
+        raise RuntimeError("the trainable did not expose its model (ctx.extras['model_out'])")
+    return handle, last, epochs

@@ -36,7 +36,7 @@ import keras  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 from search.data import Dataset  # noqa: E402
-from search.trainable import Metrics, TrialContext  # noqa: E402
+from search.trainable import Metrics, TrialContext, train_to_end  # noqa: E402
 from trainables._knobs import (  # noqa: F401  (the same knobs as the PyTorch twin)
     AUGMENT_DEFAULTS,
     CHOICES,
@@ -529,21 +529,12 @@ def export_keras(train: Any, config: Mapping[str, Any], data: Dataset, ctx: Tria
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    handle: dict[str, Any] = {}
-    history = ctx.extras.get("history")
-    run_ctx = dataclasses.replace(ctx, extras={**ctx.extras, "model_out": handle},
-                                  checkpoint_dir=None, restore_dir=None, start_epoch=1)
-    last: Metrics = {}
-    epochs = 0
-    for metrics in train(config, data, run_ctx):
-        last, epochs = dict(metrics), epochs + 1
-        if isinstance(history, list):
-            history.append(dict(metrics))
+    handle, last, epochs = train_to_end(train, config, data, ctx)
     model = handle["model"]
     model.save(out / "model.keras")
     model.export(str(out / "saved_model"), format="tf_saved_model", verbose=False)
     reloaded = keras.models.load_model(out / "model.keras")
-    splits = load_splits(data, run_ctx)
+    splits = load_splits(data, ctx)
     val_loss, val_accuracy = reloaded.evaluate(
         pipeline(splits.val, int(config.get("batch_size", 64)), ctx.num_threads), verbose=0)
     scale = {} if ctx.extras.get("data_path") else {"input_scale": float(data.x_train.max())}

@@ -18,7 +18,6 @@ validation split.
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from collections.abc import Mapping
 from pathlib import Path
@@ -28,7 +27,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from search.trainable import ExportFn, Metrics, TrainFn, TrialContext
+from search.trainable import ExportFn, Metrics, TrainFn, TrialContext, train_to_end
 from trainables._torch_loop import evaluate
 
 if TYPE_CHECKING:
@@ -111,18 +110,7 @@ def export_torch(train: TrainFn, config: Mapping[str, Any], data: Dataset, ctx: 
     """
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    handle: dict[str, Any] = {}
-    history = ctx.extras.get("history")
-    run_ctx = dataclasses.replace(ctx, extras={**ctx.extras, "model_out": handle},
-                                  checkpoint_dir=None, restore_dir=None, start_epoch=1)
-    last: Metrics = {}
-    epochs = 0
-    for metrics in train(config, data, run_ctx):
-        last, epochs = dict(metrics), epochs + 1
-        if isinstance(history, list):
-            history.append(dict(metrics))
-    if "model" not in handle:
-        raise RuntimeError("the trainable did not expose its model (ctx.extras['model_out'])")
+    handle, last, epochs = train_to_end(train, config, data, ctx)
     model: nn.Module = handle["model"].to("cpu").float().eval()
     tensors = handle["tensors"]
 
