@@ -540,3 +540,13 @@ def export_keras(train: Any, config: Mapping[str, Any], data: Dataset, ctx: Tria
     scale = {} if ctx.extras.get("data_path") else {"input_scale": float(data.x_train.max())}
     return {**last, "epochs": float(epochs), "export_val_loss": float(val_loss),
             "export_val_accuracy": float(val_accuracy), **scale}
+
+
+def train_compiled(
+    model: keras.Model, splits: Any, cfg: Mapping[str, Any], ctx: TrialContext
+) -> Iterator[Metrics]:
+    """The tail every TF trainable shares: expose the model, build the pipelines, fit."""
+    expose_model(model, ctx)
+    train_ds = pipeline(splits.train, cfg["batch_size"], ctx.num_threads, ctx.seed)
+    val_ds = pipeline(splits.val, cfg["batch_size"], ctx.num_threads)
+    yield from fit_epochs(model, train_ds, val_ds, ctx, stopping_callbacks(cfg))

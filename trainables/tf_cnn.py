@@ -84,10 +84,7 @@ def train(config: Mapping[str, Any], data: Dataset, ctx: TrialContext) -> Iterat
     with common.precision_policy(cfg["precision"]):
         model = build_model(cfg, splits, ctx.seed)
         common.compile_model(model, cfg, ctx.max_epochs, splits.n_train)
-    common.expose_model(model, ctx)
-    train_ds = common.pipeline(splits.train, cfg["batch_size"], ctx.num_threads, ctx.seed)
-    val_ds = common.pipeline(splits.val, cfg["batch_size"], ctx.num_threads)
-    yield from common.fit_epochs(model, train_ds, val_ds, ctx, common.stopping_callbacks(cfg))
+    yield from common.train_compiled(model, splits, cfg, ctx)
 
 
 def export(config: Mapping[str, Any], data: Dataset, ctx: TrialContext, out_dir: Any) -> Metrics:
