@@ -9,38 +9,37 @@ each process uses, and the memory cap of each trial's process.
 
 * without GPUs in the cluster, trials run on CPUs, as many at once as the cores allow (or
   ``max_concurrent``), each with a thread count equal to its CPU share;
-* with GPUs, :func:`measure` runs a few training steps of the largest config of the space
-  (largest batch, fp32) on one GPU and reads the peak memory the caching allocator reserved;
+* with GPUs, :func:`search.gpu_memory.measure` runs a few training steps of the largest
+  config of the space (largest batch, fp32) on one GPU and reads the peak memory the caching
+  allocator reserved;
   :func:`pack` then decides how many trials fit on one GPU with headroom, and each trial's
   process is capped at its share (``torch.cuda.set_per_process_memory_fraction``, read by the
   trainable from ``ctx.extras["gpu_memory_fraction"]``). A packed trial that still runs out of
-  memory is retried by Tune with twice the GPU share (:class:`OomRetry`), not failed.
+  memory is retried by Tune with twice the GPU share (``OomRetry``), not failed.
+
+Several devices per trial (``gpus_per_trial: 2``, or ``workers_per_trial: 2`` on CPUs) train
+one trial data-parallel, the way its trainable's module says (``DATA_PARALLEL``, read by
+:func:`data_parallel_mode`): ``True`` (:data:`PROCESSES`) starts one process per device that
+join a ``torch.distributed`` group (:mod:`search.distributed`); ``"in_process"``
+(:data:`IN_PROCESS`) keeps one process that mirrors the model over the devices itself
+(TensorFlow's ``MirroredStrategy``), told how many through ``ctx.extras["replicas"]``.
 
 The arithmetic (:func:`pack`, :func:`grow_share`, :func:`memory_fraction`, :func:`resolve`) is
-pure; only :func:`measure` needs CUDA (and on CPU it is never called).
+pure; the measurement and the out-of-memory retry live in :mod:`search.gpu_memory`.
 """
 
 from __future__ import annotations
 
-import logging
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
-from typing import TYPE_CHECKING, Any
-
-from ray.tune import Callback
+from typing import TYPE_CHECKING, Any, Final, Literal
 
 from search.errors import SearchError
 
 if TYPE_CHECKING:
-    from ray.tune.experiment import Trial
-
-    from search.data import Dataset
-    from search.space import Param
-    from search.spec import ResourcesSpec, StudySpec
-
-_log = logging.getLogger(__name__)
+    from search.gpu_memory import Measurement
+    from search.spec import ResourcesSpec
 
 GPU_MEMORY_FRACTION = "gpu_memory_fraction"
 """``ctx.extras`` key: the share of the GPU's memory the trial's process may allocate (or None)."""
@@ -48,23 +47,18 @@ GPU_SHARE = "gpu_share"
 """``ctx.extras`` key: the share of a GPU Ray reserved for the trial."""
 GPU_TOTAL_BYTES = "gpu_total_bytes"
 """``ctx.extras`` key: the measured GPU's memory, when ``auto`` measured one."""
-MAX_STEPS = "max_steps"
-"""``ctx.extras`` key: train at most this many batches per epoch (the measurement only)."""
-
+REPLICAS = "replicas"
+"""``ctx.extras`` key: devices an ``in_process`` data-parallel trial mirrors its model over."""
+PROCESSES: Final = "processes"
+"""Data-parallel mode: one process per device, one ``torch.distributed`` group per trial."""
+IN_PROCESS: Final = "in_process"
+"""Data-parallel mode: one process that spreads the trial over its devices itself."""
+ParallelMode = Literal["processes", "in_process"] | None
 CUDA_CONTEXT_BYTES = 512 * 2**20
 """What each CUDA process holds outside PyTorch's caching allocator (context, kernels)."""
 CONTEXT_RESERVE = 0.05
 """Share of a GPU kept for the CUDA context when the GPU's size is unknown."""
 MAX_TRIALS_PER_GPU = 16
-MEASURE_STEPS = 3
-MEASURE_TIMEOUT_S = 600.0
-OOM_RETRIES = 2
-"""Tune retries a packed trial at least this often (each retry doubles its GPU share)."""
-
-_OOM_MARKERS = ("OutOfMemoryError", "CUDA out of memory", "RESOURCE_EXHAUSTED",
-                "OOM when allocating", "out of memory")
-
-
 class PlacementError(SearchError):
     """The resources asked for cannot be had on this cluster (one line)."""
 
@@ -176,15 +170,6 @@ def share_extras(extras: Mapping[str, Any], share: float | None) -> dict[str, An
 
 
 @dataclass(frozen=True)
-class Measurement:
-    """Peak memory of a few training steps of the largest config, on one GPU."""
-
-    peak_bytes: int
-    total_bytes: int
-    device_name: str = ""
-
-
-@dataclass(frozen=True)
 class Placement:
     """What each trial gets and how many run at once (the resolved ``resources`` block)."""
 
@@ -193,6 +178,7 @@ class Placement:
     concurrency: int
     num_threads: int
     workers: int = 1
+    replicas: int = 1
     memory_fraction: float | None = None
     packing: Packing | None = None
     total_gpu_bytes: int | None = None
@@ -204,21 +190,23 @@ class Placement:
         return {"cpu": self.cpus_per_trial, "gpu": self.gpus_per_trial}
 
     def extras(self) -> dict[str, Any]:
-        """The trial extras (``ctx.extras``) that carry the GPU share and memory cap."""
+        """The trial extras (``ctx.extras``) that carry the GPU share, memory cap, replicas."""
         return {GPU_SHARE: self.gpus_per_trial or None, GPU_MEMORY_FRACTION: self.memory_fraction,
-                GPU_TOTAL_BYTES: self.total_gpu_bytes}
+                GPU_TOTAL_BYTES: self.total_gpu_bytes, REPLICAS: self.replicas}
 
 
 def resolve(resources: ResourcesSpec, cluster: Mapping[str, float],
-            measured: Measurement | None = None, data_parallel: bool = True) -> Placement:
+            measured: Measurement | None = None,
+            data_parallel: ParallelMode | bool = PROCESSES) -> Placement:
     """The placement of every trial, from the spec's ``resources`` and the cluster's totals.
 
     Args:
         resources: The spec's ``resources`` block.
         cluster: ``ray.cluster_resources()`` (``CPU`` and ``GPU`` are read).
-        measured: For ``gpus_per_trial: auto`` on GPUs, what :func:`measure` found (None:
-            one trial per GPU).
-        data_parallel: Whether the trainable trains data-parallel over several workers.
+        measured: For ``gpus_per_trial: auto`` on GPUs, what
+            :func:`search.gpu_memory.measure` found (None: one trial per GPU).
+        data_parallel: How the trainable trains on several devices (:func:`data_parallel_mode`;
+            True means :data:`PROCESSES`, False or None that it cannot).
 
     Raises:
         PlacementError: GPUs asked for on a cluster without any; several workers for a
@@ -256,163 +244,45 @@ def resolve(resources: ResourcesSpec, cluster: Mapping[str, float],
         raise PlacementError(
             f"resources.gpus_per_trial: {wanted:g} GPU(s) per trial, but the Ray cluster has no "
             "GPU; use 0 or auto")
-    workers = resources.workers_per_trial or (int(wanted) if wanted >= 2 else 1)
-    if workers > 1 and not data_parallel:
-        if resources.workers_per_trial:
-            raise PlacementError(
-                f"resources.workers_per_trial: the trainable does not train data-parallel "
-                f"(no DATA_PARALLEL in its module), got {workers}")
-        workers = 1  # one process holds all the trial's GPUs (TensorFlow: MirroredStrategy)
-    cpt = resources.cpus_per_trial or float(workers)
+    devices = resources.workers_per_trial or (int(wanted) if wanted >= 2 else 1)
+    workers, replicas = _split_devices(devices, data_parallel, bool(resources.workers_per_trial))
+    cpt = resources.cpus_per_trial or float(devices if devices > 1 else 1)
     by_cpu = math.floor(cpus / cpt + 1e-9)
     by_gpu = math.floor(gpus / wanted + 1e-9) if wanted > 0 else by_cpu
     concurrency = limit or max(1, min(by_cpu, by_gpu))
     fraction = memory_fraction(wanted) if 0 < wanted < 1 else None
     return Placement(cpt, wanted, concurrency, max(1, math.floor(cpt / workers + 1e-9)),
-                     workers=workers, memory_fraction=fraction)
+                     workers=workers, replicas=replicas, memory_fraction=fraction)
 
 
-# ---- the largest config and its measurement (needs CUDA) --------------------------------
-
-_HEAVIEST = {"precision": ("fp32",), "optimizer": ("adamw", "adam"), "cell": ("lstm",)}
-"""Choices known to take the most memory; other string choices take their first value."""
-
-
-def _largest(name: str, param: Param) -> Any:
-    kind = param.kind
-    if kind in ("uniform", "loguniform", "int"):
-        bounds = param.uniform or param.loguniform or param.int_
-        return bounds[1] if bounds else None
-    if kind == "fixed":
-        return param.fixed
-    values = list(param.choice or [])
-    numbers = [v for v in values if isinstance(v, int | float) and not isinstance(v, bool)]
-    if numbers and len(numbers) == len(values):
-        return max(numbers)
-    for preferred in _HEAVIEST.get(name, ()):
-        if preferred in values:
-            return preferred
-    return values[0]
+def _split_devices(devices: int, mode: ParallelMode | bool, asked: bool) -> tuple[int, int]:
+    """``(processes, replicas per process)`` for a trial on ``devices`` devices."""
+    if devices <= 1:
+        return 1, 1
+    if mode is True or mode == PROCESSES:
+        return devices, 1
+    if mode == IN_PROCESS:
+        return 1, devices
+    if asked:
+        raise PlacementError(
+            f"resources.workers_per_trial: the trainable does not train data-parallel "
+            f"(no DATA_PARALLEL in its module), got {devices}")
+    return 1, 1  # one process holds all the trial's GPUs and uses what it can
 
 
-def largest_config(space: Mapping[str, Param], fixed: Mapping[str, Any]) -> dict[str, Any]:
-    """The config of ``space`` that takes the most memory, as far as names tell: every number
-    at its upper bound (batch size, widths, layers), fp32, the optimizer with most state.
-
-    Example:
-        >>> from search.space import Param
-        >>> largest_config({"batch_size": Param(choice=[32, 256]),
-        ...                 "precision": Param(choice=["bf16", "fp32"]),
-        ...                 "momentum": Param(uniform=(0.8, 0.9), when={"optimizer": "sgd"}),
-        ...                 "optimizer": Param(choice=["sgd", "adam"])}, {"channels": 16})
-        {'channels': 16, 'batch_size': 256, 'precision': 'fp32', 'optimizer': 'adam'}
-    """
-    from search.space import is_active, order
-
-    params: dict[str, Any] = {}
-    for name in order(space):
-        if is_active(space[name], params):
-            params[name] = _largest(name, space[name])
-    return {**fixed, **params}
-
-
-def measure_peak(trainable: str, config: Mapping[str, Any], data: Dataset,
-                 extras: Mapping[str, Any], steps: int = MEASURE_STEPS) -> Measurement | None:
-    """Peak GPU memory of ``steps`` training steps of ``config`` (runs where a GPU is).
-
-    Returns None without CUDA, or when the trainable allocates nothing through PyTorch (a
-    TensorFlow trainable: it then gets one trial per GPU).
-    """
-    try:
-        import torch
-    except ImportError:
-        return None
-    if not torch.cuda.is_available():
-        return None
-    from search.trainable import TrialContext, resolve_trainable
-
-    train = resolve_trainable(trainable)
-    ctx = TrialContext(max_epochs=1, seed=0, num_threads=1, device="cuda",
-                       extras={**extras, MAX_STEPS: steps, GPU_MEMORY_FRACTION: None})
-    torch.cuda.empty_cache()
-    torch.cuda.reset_peak_memory_stats()
-    epochs = train(config, data, ctx)
-    try:
-        next(iter(epochs), None)
-    finally:
-        if hasattr(epochs, "close"):
-            epochs.close()
-    torch.cuda.synchronize()
-    peak = int(torch.cuda.max_memory_reserved())
-    if peak <= 0:
-        return None
-    props = torch.cuda.get_device_properties(torch.cuda.current_device())
-    return Measurement(peak, int(props.total_memory), str(props.name))
-
-
-def measure(spec: StudySpec, data: Dataset, extras: Mapping[str, Any]) -> Measurement | None:
-    """Runs :func:`measure_peak` of the space's largest config as a Ray task on one GPU.
-
-    Returns None (one trial per GPU) when the measurement fails or times out.
-    """
-    import ray
-
-    config = largest_config(spec.space, spec.fixed)
-    # max_calls=1: the worker exits after the task, and its CUDA context with it
-    task = ray.remote(num_gpus=1, num_cpus=1, max_retries=0, max_calls=1)(measure_peak)
-    try:
-        return ray.get(task.remote(spec.trainable, config, data, dict(extras)),
-                       timeout=MEASURE_TIMEOUT_S)
-    except Exception as exc:  # a failed measurement must not fail the study
-        _log.warning("gpus_per_trial auto: measuring the largest config failed (%s); "
-                     "one trial per GPU", str(exc).splitlines()[0] if str(exc) else exc)
-        return None
-
-
-def supports_data_parallel(trainable: str) -> bool:
-    """Whether ``trainable``'s module says ``DATA_PARALLEL = True`` (it trains with DDP when
-    the runner starts several workers; the PyTorch built-ins do, through ``fit_epochs``)."""
+def data_parallel_mode(trainable: str) -> ParallelMode:
+    """How ``trainable`` trains one trial on several devices, from its module's
+    ``DATA_PARALLEL``: ``True`` -> :data:`PROCESSES` (the PyTorch built-ins, through DDP),
+    ``"in_process"`` -> :data:`IN_PROCESS` (the TensorFlow built-ins, ``MirroredStrategy``),
+    absent -> None (one process, one replica)."""
     import sys
 
     from search.trainable import resolve_trainable
 
     fn = resolve_trainable(trainable)
-    return bool(getattr(sys.modules.get(fn.__module__), "DATA_PARALLEL", False))
-
-
-# ---- retry with a larger share when a packed trial runs out of memory ------------------
-
-def out_of_memory(text: str) -> bool:
-    """Whether an error's text says the GPU ran out of memory (PyTorch or TensorFlow)."""
-    return any(marker in text for marker in _OOM_MARKERS)
-
-
-def _last_error(trial: Trial) -> str:
-    path = getattr(trial, "error_file", None)
-    if not path or not Path(path).is_file():
-        return ""
-    text = Path(path).read_text(errors="replace")
-    return text.rsplit("Failure # ", 1)[-1]
-
-
-class OomRetry(Callback):
-    """Before Tune retries a trial that ran out of GPU memory, doubles its GPU share.
-
-    Tune calls ``on_trial_recover`` once the failed trial is PENDING again; its resources may
-    then change, and the retry starts (from its last checkpoint) in a new actor with the larger
-    share, which the worker turns into a larger memory cap (:func:`share_extras`).
-    """
-
-    def on_trial_recover(self, iteration: int, trials: list[Trial], trial: Trial,
-                         **info: Any) -> None:
-        if not out_of_memory(_last_error(trial)):
-            return
-        factory = trial.placement_group_factory
-        required: dict[str, float] = dict(factory.required_resources) if factory else {}
-        share = float(required.get("GPU", 0.0))
-        if not 0 < share < 1:
-            return
-        bigger = grow_share(share)
-        trial.update_resources({"cpu": float(required.get("CPU", 1.0)), "gpu": bigger})
-        _log.warning("trial %s ran out of GPU memory at %.4g of a GPU; retrying with %.4g",
-                     trial.trial_id, share, bigger)
+    declared = getattr(sys.modules.get(fn.__module__), "DATA_PARALLEL", None)
+    if declared is True or declared == PROCESSES:
+        return PROCESSES
+    if declared == IN_PROCESS:
+        return IN_PROCESS
+    return None

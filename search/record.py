@@ -26,6 +26,7 @@ from search.trainable import RESERVED_PREFIX
 EPOCH = RESERVED_PREFIX + "epoch"
 DEVICE = RESERVED_PREFIX + "device"
 NODE = RESERVED_PREFIX + "node"
+REPLICAS = RESERVED_PREFIX + "replicas"
 FAIL_REASON = RESERVED_PREFIX + "fail_reason"
 SEED = RESERVED_PREFIX + "seed"
 NUMBER = RESERVED_PREFIX + "trial_number"
@@ -100,7 +101,7 @@ class TrialRecord:
         }
         if self.interrupted and not self.pruned and self.epochs < self.max_epochs:
             attrs["stopped_by"] = "time limit or interrupt"
-        for key in (DEVICE, NODE):
+        for key in (DEVICE, NODE, REPLICAS):
             if key in self.last:
                 attrs[key.removeprefix(RESERVED_PREFIX)] = self.last[key]
         return attrs

@@ -19,14 +19,8 @@ from typing import TYPE_CHECKING, Any
 
 from search.bridge import ErrorCallback, OptunaBridge
 from search.data import load_data
-from search.placement import (
-    OOM_RETRIES,
-    OomRetry,
-    Placement,
-    measure,
-    resolve,
-    supports_data_parallel,
-)
+from search.gpu_memory import OOM_RETRIES, OomRetry, measure
+from search.placement import Placement, data_parallel_mode, resolve
 from search.preflight import use_cluster_token
 from search.progress import ProgressCallback, asha_milestones
 from search.resume import earlier_curves, recover
@@ -124,8 +118,8 @@ def place(spec: StudySpec, data: Dataset) -> Placement:
         measured = measure(spec, data, trial_extras(spec, data))
     several = (res.workers_per_trial or 1) > 1 or (
         res.gpus_per_trial != "auto" and res.gpus_per_trial >= 2)
-    parallel = supports_data_parallel(spec.trainable) if several else True
-    return resolve(res, cluster, measured, data_parallel=parallel)
+    mode = data_parallel_mode(spec.trainable) if several else None
+    return resolve(res, cluster, measured, data_parallel=mode)
 
 
 def trial_extras(spec: StudySpec, data: Dataset,

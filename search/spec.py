@@ -100,8 +100,9 @@ class ResourcesSpec(_Strict):
     shared among the trials that run at once. ``gpus_per_trial``: a fraction packs trials onto
     one GPU, 1 or more (whole numbers) gives each trial whole GPUs, ``auto`` measures the
     largest config and packs as many trials per GPU as fit (CPUs only when there is no GPU).
-    ``workers_per_trial``: processes that train one trial data-parallel (DDP); defaults to
-    ``gpus_per_trial`` when that is 2 or more, and forces gloo workers on CPU when set there.
+    ``workers_per_trial``: devices that train one trial data-parallel (DDP processes for
+    PyTorch, ``MirroredStrategy`` replicas for TensorFlow); defaults to ``gpus_per_trial`` when
+    that is 2 or more; on CPUs it forces gloo processes, or logical CPU devices for TF.
     ``memory_headroom``: share added to the measured peak memory when ``auto`` packs.
     """
 

@@ -21,7 +21,16 @@ from typing import TYPE_CHECKING, Any
 
 from search.distributed import data_parallel
 from search.placement import share_extras
-from search.record import DEVICE, EPOCH, FAIL_REASON, NODE, NUMBER, SEED, nonfinite_reason
+from search.record import (
+    DEVICE,
+    EPOCH,
+    FAIL_REASON,
+    NODE,
+    NUMBER,
+    REPLICAS,
+    SEED,
+    nonfinite_reason,
+)
 from search.trainable import RESERVED_PREFIX, TrialContext, resolve_trainable
 
 if TYPE_CHECKING:
@@ -119,10 +128,12 @@ def run_trial(config: dict[str, Any], job: TrialJob, data: Dataset) -> None:
         epochs = data_parallel(job.trainable, params, data, ctx, job.workers)
     else:
         epochs = train(params, data, ctx)
+    planned = job.workers * int(job.extras.get("replicas") or 1)
     try:
         for epoch, metrics in enumerate(epochs, start=ctx.start_epoch):
             reason = nonfinite_reason(metrics, epoch)
-            report = {**metrics, EPOCH: epoch, DEVICE: device, NODE: node}
+            replicas = int(metrics.get("replicas", planned))  # what the trainable really used
+            report = {**metrics, EPOCH: epoch, DEVICE: device, NODE: node, REPLICAS: replicas}
             if reason:
                 report[FAIL_REASON] = reason
             tune.report(report, checkpoint=None if reason else _checkpoint(ctx, epoch))

@@ -1,7 +1,9 @@
-"""Data-parallel trials: several processes (gloo on CPU) train one trial; the study sees one.
+"""Data-parallel trials: several devices train one trial; the study sees one.
 
-``resources.workers_per_trial: 2`` on a CPU machine forces two gloo workers per trial, the way
-``gpus_per_trial: 2`` gives two NCCL workers on GPUs (:mod:`search.distributed`).
+``resources.workers_per_trial: 2`` on a CPU machine forces two gloo workers per PyTorch trial,
+the way ``gpus_per_trial: 2`` gives two NCCL workers on GPUs (:mod:`search.distributed`), and
+a TensorFlow trial's ``MirroredStrategy`` over two logical CPU devices, the way it mirrors over
+two GPUs (:mod:`trainables._tf_devices`).
 """
 
 from __future__ import annotations
@@ -87,4 +89,26 @@ def test_a_cnn_trial_trains_on_two_gloo_workers_and_the_study_records_one_trial(
     assert trial.state.name == "COMPLETE", trial.user_attrs.get("fail_reason")
     assert sorted(trial.intermediate_values) == [1, 2, 3]
     assert trial.user_attrs["device"] == "cpu" and trial.user_attrs["epochs"] == 3
+    assert trial.user_attrs["replicas"] == 2
     assert trial.value is not None and trial.value > 0.8  # both shards trained one model
+
+
+@pytest.mark.tf
+def test_a_tf_cnn_trial_mirrors_over_two_logical_cpus_and_the_study_records_one_trial(
+    ray_local: None, tmp_path: Path
+) -> None:
+    # TF's data-parallel path is one process (MirroredStrategy); without GPUs the trial's CPU
+    # is split into as many logical devices as workers_per_trial asks
+    spec = parse_spec(base_spec(
+        tmp_path, study="mirrored", trainable="tf_cnn", budget={"trials": 1, "max_epochs": 2},
+        asha={"enabled": False}, resources={"workers_per_trial": 2, "cpus_per_trial": 2},
+        fixed={"channels": 8, "optimizer": "adam", "batch_size": 64},
+        space={"lr": {"loguniform": [3.0e-3, 4.0e-3]}},
+    ))
+    run_study(spec, RunOptions(results_dir=tmp_path / "results", progress=False))
+    trial = optuna.load_study(study_name="mirrored", storage=spec.storage).trials[0]
+    assert trial.state.name == "COMPLETE", trial.user_attrs.get("fail_reason")
+    assert sorted(trial.intermediate_values) == [1, 2]
+    assert trial.user_attrs["replicas"] == 2  # what the strategy reported, not what was asked
+    assert trial.user_attrs["device"] == "cpu"
+    assert trial.value is not None and trial.value > 0.8  # both replicas trained one model

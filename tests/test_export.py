@@ -228,10 +228,10 @@ def test_tf_study_exports_a_keras_file_that_reloads_with_the_same_accuracy(
     import keras
 
     from search.data import load_digits
-    from trainables import _tf_common as common
+    from trainables import _tf_data as tfdata
 
     reloaded = keras.models.load_model(bundle / "model.keras")
-    val = common.pipeline(common.from_arrays(load_digits(0.2, 0)).val, 64, 2)
+    val = tfdata.pipeline(tfdata.from_arrays(load_digits(0.2, 0)).val, 64, 2)
     _, accuracy = reloaded.evaluate(val, verbose=0)
     assert accuracy == pytest.approx(result.final["val_accuracy"], abs=1e-6)
     assert math.isclose(result.final["export_val_accuracy"], accuracy, abs_tol=1e-6)

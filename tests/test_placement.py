@@ -22,15 +22,14 @@ import optuna
 import pytest
 
 from search.errors import SearchError
+from search.gpu_memory import Measurement, largest_config, out_of_memory
 from search.placement import (
     CUDA_CONTEXT_BYTES,
-    Measurement,
+    IN_PROCESS,
     Packing,
     PlacementError,
     grow_share,
-    largest_config,
     memory_fraction,
-    out_of_memory,
     pack,
     resolve,
     share_extras,
@@ -184,6 +183,17 @@ def test_several_gpus_or_workers_make_a_data_parallel_trial() -> None:
         resolve(res(workers_per_trial=2), {"CPU": 2.0}, data_parallel=False)
 
 
+def test_an_in_process_trainable_gets_one_process_holding_every_replica() -> None:
+    # TensorFlow's MirroredStrategy: one process, the model mirrored over the trial's devices
+    gpus = resolve(res(gpus_per_trial=2), {"CPU": 8.0, "GPU": 4.0}, data_parallel=IN_PROCESS)
+    assert (gpus.workers, gpus.replicas, gpus.cpus_per_trial, gpus.num_threads) == (1, 2, 2.0, 2)
+    assert gpus.extras()["replicas"] == 2 and gpus.concurrency == 2
+    cpu = resolve(res(workers_per_trial=2, cpus_per_trial=2), {"CPU": 2.0},
+                  data_parallel=IN_PROCESS)
+    assert (cpu.workers, cpu.replicas, cpu.num_threads, cpu.concurrency) == (1, 2, 2, 1)
+    assert resolve(res(), {"CPU": 2.0}, data_parallel=IN_PROCESS).extras()["replicas"] == 1
+
+
 def test_gpus_asked_of_a_cluster_without_any_is_one_line() -> None:
     with pytest.raises(PlacementError) as err:
         resolve(res(gpus_per_trial=0.5), {"CPU": 2.0})
@@ -286,7 +296,7 @@ def test_half_gpus_on_four_logical_gpus_run_eight_trials_at_once(tmp_path: Path)
 @pytest.mark.torch
 def test_the_memory_measurement_is_skipped_without_cuda() -> None:
     from search.data import load_digits
-    from search.placement import measure_peak
+    from search.gpu_memory import measure_peak
 
     config = largest_config(parse_spec(base_spec(Path("."), trainable="torch_cnn", space={
         "batch_size": {"choice": [32, 256]}})).space, {"channels": 8})

@@ -21,6 +21,9 @@ import keras  # noqa: E402
 from search.data import Dataset, load_digits  # noqa: E402
 from search.trainable import RESERVED_PREFIX, TrialContext  # noqa: E402
 from trainables import _tf_common as common  # noqa: E402
+from trainables import _tf_data as tfdata  # noqa: E402
+from trainables import _tf_devices as devices  # noqa: E402
+from trainables import _tf_loop as loop  # noqa: E402
 from trainables import tf_cnn, tf_transfer  # noqa: E402
 
 pytestmark = pytest.mark.tf
@@ -30,7 +33,7 @@ KEYS = {"train_loss", "train_accuracy", "val_loss", "val_accuracy", "lr"}
 
 @pytest.fixture(scope="module", autouse=True)
 def _two_threads() -> None:
-    common.configure_tf(2, "cpu")  # before any TF op of this process
+    devices.configure(TrialContext(max_epochs=1, num_threads=2))  # before any TF op
 
 
 @pytest.fixture(scope="module")
@@ -86,7 +89,7 @@ def test_saved_model_reloads_with_the_same_val_accuracy(trained: Any, digits: Da
     metrics, model = trained
     model.save(tmp_path / "cnn.keras")
     reloaded = keras.models.load_model(tmp_path / "cnn.keras")
-    val = common.pipeline(common.from_arrays(digits).val, 64, 2)
+    val = tfdata.pipeline(tfdata.from_arrays(digits).val, 64, 2)
     _, accuracy = reloaded.evaluate(val, verbose=0)
     assert accuracy == pytest.approx(metrics[-1]["val_accuracy"], abs=1e-6)
 
@@ -194,7 +197,7 @@ def test_transfer_loads_weights_freezes_backbone_and_trains_head(pretrained: str
 
 def test_unfreeze_blocks_trains_only_the_last_blocks(small: Dataset) -> None:
     cfg = common.read_config({"unfreeze_blocks": 2}, tf_transfer.DEFAULTS, tf_transfer.CHOICES)
-    _, backbone = tf_transfer.build_model(cfg, common.from_arrays(small), seed=0)
+    _, backbone = tf_transfer.build_model(cfg, tfdata.from_arrays(small), seed=0)
     trainable = [layer for layer in backbone.layers if layer.trainable_weights]
     blocks = {tf_transfer.block_of(layer.name) for layer in trainable}
     assert blocks == {"expanded_conv_10", "conv_1"}
@@ -216,8 +219,8 @@ def test_checkpoint_restores_weights_optimizer_counters_and_epoch(digits: Datase
     saved.mkdir()
     first = list(tf_cnn.train(cfg, digits, TrialContext(max_epochs=3, num_threads=2,
                                                         checkpoint_dir=str(saved))))
-    state = json.loads((saved / common.STATE_FILE).read_text())
-    assert state["epoch"] == 3 and (saved / common.WEIGHTS_FILE).exists()
+    state = json.loads((saved / loop.STATE_FILE).read_text())
+    assert state["epoch"] == 3 and (saved / loop.WEIGHTS_FILE).exists()
     out: dict[str, keras.Model] = {}
     ctx = TrialContext(max_epochs=5, num_threads=2, restore_dir=str(saved), start_epoch=4,
                        extras={"model_out": out})
@@ -227,8 +230,8 @@ def test_checkpoint_restores_weights_optimizer_counters_and_epoch(digits: Datase
     assert int(out["model"].optimizer.iterations.numpy()) == 5 * steps  # the step count went on
     assert resumed[0]["val_accuracy"] > first[0]["val_accuracy"] + 0.05  # not a fresh epoch 1
     assert resumed[0]["val_loss"] < first[0]["val_loss"]
-    callbacks = common.stopping_callbacks(common.read_config(cfg, tf_cnn.DEFAULTS))
-    assert common.load_state(out["model"], callbacks, str(saved)) == 3
+    callbacks = loop.stopping_callbacks(common.read_config(cfg, tf_cnn.DEFAULTS))
+    assert loop.load_state(out["model"], callbacks, str(saved)) == 3
     for callback, counters in zip(callbacks, state["callbacks"], strict=True):
         assert counters and {k: getattr(callback, k) for k in counters} == counters
         callback.on_train_begin()  # the first fit's reset is spent: patience counts on

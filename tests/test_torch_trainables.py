@@ -117,6 +117,38 @@ def test_augmentation_changes_training_inputs_but_never_validation(few_digits):
         assert a["train_loss"] != p["train_loss"]
 
 
+def test_augment_draws_per_image_stays_in_range_and_repeats_with_the_seed():
+    from trainables._torch_data import build_augment
+
+    assert build_augment(0.0) is None
+    image = torch.rand(1, 8, 8)
+    augment = build_augment(1.0)
+    torch.manual_seed(3)
+    first = [augment(image) for _ in range(4)]
+    torch.manual_seed(3)
+    again = [augment(image) for _ in range(4)]
+    assert all(torch.equal(a, b) for a, b in zip(first, again, strict=True))
+    assert len({tuple(a.flatten().tolist()) for a in first}) == 4  # a fresh draw per call
+    assert all(a.shape == image.shape and a.min() >= 0 and a.max() <= 1 for a in first)
+    flip = build_augment(0.0, hflip=True)
+    seen = {tuple(flip(image).flatten().tolist()) for _ in range(20)}
+    assert seen == {tuple(image.flatten().tolist()), tuple(image.flip(-1).flatten().tolist())}
+
+
+def test_an_augmented_cnn_trial_does_not_import_torchvision():
+    # torchvision's import costs a new trial process ~2.5 s (it loads torch._dynamo)
+    import subprocess
+    import sys
+
+    code = ("import sys; from search.data import load_digits; from search.trainable import "
+            "TrialContext; from trainables.torch_cnn import train; d = load_digits(0.2, 0); "
+            "next(train({'channels': 4, 'augment': 0.4, 'hflip': True}, d, "
+            "TrialContext(max_epochs=1))); print('torchvision' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          check=True)
+    assert done.stdout.strip() == "False"
+
+
 def test_early_stopping_returns_before_max_epochs(digits):
     rows = run(torch_cnn.train, {**SMALL_CNN, "lr": 0.0, "early_stopping_patience": 1}, digits,
                epochs=10)

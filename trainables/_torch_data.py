@@ -8,6 +8,7 @@ never augmented and never leak into the statistics.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -111,31 +112,65 @@ class Standardize(torch.nn.Module):
         return (x - self.mean) / self.std
 
 
-def build_augment(
-    strength: float, hflip: bool = False
-) -> Callable[[torch.Tensor], torch.Tensor] | None:
-    """Random rotation, translation and brightness/contrast jitter, scaled by ``strength``.
+_GRAY = torch.tensor([0.299, 0.587, 0.114])
+"""RGB weights of the grayscale (ITU-R 601-2 luma), as in torchvision."""
 
-    At ``strength`` 1: rotation up to 15 degrees, translation up to 10 % of the image,
-    brightness and contrast factors in [0.7, 1.3]. Applied per training image (so each image
-    gets its own draw), on (C, H, W) tensors in [0, 1].
 
-    Returns:
-        The transform, or None when ``strength`` is 0 and ``hflip`` is off.
+class Augment:
+    """Random rotation, translation and brightness/contrast jitter (and a mirror), per image.
+
+    At ``strength`` 1: rotation up to 15 degrees, translation up to 10 % of the image, fill 0,
+    bilinear; brightness and contrast factors in [0.7, 1.3] (the ranges of torchvision's
+    ``RandomAffine`` and ``ColorJitter``). Written in plain torch because importing
+    torchvision costs every new trial process about 2.5 s here (it pulls in ``torch._dynamo``),
+    more than a whole epoch of the digits CNN. Draws from torch's global generator, which the
+    trainable seeds; DataLoader workers get their own seeds from it.
+
+    Args:
+        strength: Augmentation strength in [0, 1] (0: no affine or colour jitter).
+        hflip: Mirror each image left-right with probability 0.5.
     """
-    from torchvision.transforms import InterpolationMode, v2
 
-    steps: list[torch.nn.Module] = []
-    if strength > 0:
-        shift = 0.1 * strength
-        steps += [
-            v2.RandomAffine(degrees=15 * strength, translate=(shift, shift),
-                            interpolation=InterpolationMode.BILINEAR),
-            v2.ColorJitter(brightness=0.3 * strength, contrast=0.3 * strength),
-        ]
-    if hflip:
-        steps.append(v2.RandomHorizontalFlip())
-    return v2.Compose(steps) if steps else None
+    def __init__(self, strength: float, hflip: bool = False) -> None:
+        self.strength, self.hflip = float(strength), bool(hflip)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        """Augments one ``(C, H, W)`` image in [0, 1]."""
+        s = self.strength
+        if s > 0:
+            x = self._affine(x, 15.0 * s, 0.1 * s)
+            x = self._jitter(x, 0.3 * s)
+        if self.hflip and torch.rand(()) < 0.5:
+            x = x.flip(-1)
+        return x
+
+    @staticmethod
+    def _affine(x: torch.Tensor, degrees: float, shift: float) -> torch.Tensor:
+        angle = math.radians(float(torch.empty(()).uniform_(-degrees, degrees)))
+        # affine_grid works in [-1, 1] coordinates: a shift of f of the image is 2 * f
+        tx, ty = (float(torch.empty(()).uniform_(-2 * shift, 2 * shift)) for _ in range(2))
+        cos, sin = math.cos(angle), math.sin(angle)
+        theta = torch.tensor([[[cos, -sin, tx], [sin, cos, ty]]], dtype=x.dtype)
+        grid = torch.nn.functional.affine_grid(theta, [1, *x.shape], align_corners=False)
+        return torch.nn.functional.grid_sample(x[None], grid, mode="bilinear",
+                                               padding_mode="zeros", align_corners=False)[0]
+
+    @staticmethod
+    def _jitter(x: torch.Tensor, amount: float) -> torch.Tensor:
+        brightness, contrast = (float(torch.empty(()).uniform_(1 - amount, 1 + amount))
+                                for _ in range(2))
+        x = (x * brightness).clamp(0, 1)
+        gray = (x * _GRAY.to(x.dtype)[:, None, None]).sum(0) if x.shape[0] == 3 else x
+        mean = gray.mean()  # contrast blends with the grayscale mean, as torchvision does
+        return ((x - mean) * contrast + mean).clamp(0, 1)
+
+
+def build_augment(strength: float, hflip: bool = False) -> Augment | None:
+    """The per-image training transform (:class:`Augment`), or None when there is nothing
+    to do (``strength`` 0 and ``hflip`` off)."""
+    if strength <= 0 and not hflip:
+        return None
+    return Augment(strength, hflip)
 
 
 class ImageDataset(Dataset[tuple[torch.Tensor, torch.Tensor]]):

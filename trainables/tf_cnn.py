@@ -13,7 +13,7 @@ At adam, lr 3e-3, batch 64 it passes 0.95 val_accuracy by epoch 2-3 (~0.45 s an 
 CPU threads after a ~3 s first epoch that traces the graph).
 
 Data: the framework's arrays, or an image folder when ``ctx.extras["data_path"]`` is set (see
-:func:`trainables._tf_common.load_splits`; ``data`` may then hold empty arrays).
+:func:`trainables._tf_data.load_splits`; ``data`` may then hold empty arrays).
 
 Getting the trained model: pass a dict as ``ctx.extras["model_out"]``; the trainable puts the
 compiled model under its ``"model"`` key as soon as it is built, so after the generator is
@@ -35,14 +35,19 @@ import keras
 from search.data import Dataset
 from search.trainable import Metrics, TrialContext
 from trainables import _tf_common as common
+from trainables import _tf_data as tfdata
+from trainables import _tf_loop as loop
 
 DEFAULTS: dict[str, Any] = {
     **common.COMMON_DEFAULTS, **common.AUGMENT_DEFAULTS, "channels": 32, "train_fraction": 1.0,
 }
 """Every key :func:`train` reads, with its default."""
+DATA_PARALLEL = "in_process"
+"""Several devices per trial: one process, the model mirrored over them
+(``MirroredStrategy``, :mod:`trainables._tf_devices`)."""
 
 
-def build_model(cfg: Mapping[str, Any], splits: common.Splits, seed: int) -> keras.Model:
+def build_model(cfg: Mapping[str, Any], splits: tfdata.Splits, seed: int) -> keras.Model:
     """The twin of ``torch_cnn``: two conv stages (c, then 2c channels), a dense head.
 
     Augmentation (training only) and the standardization adapted on the training split are
@@ -72,7 +77,7 @@ def build_model(cfg: Mapping[str, Any], splits: common.Splits, seed: int) -> ker
 
 
 def train(config: Mapping[str, Any], data: Dataset, ctx: TrialContext) -> Iterator[Metrics]:
-    """Trains the CNN, yielding one metrics dict per epoch (see :func:`_tf_common.fit_epochs`).
+    """Trains the CNN, yielding one metrics dict per epoch (see :func:`_tf_loop.fit_epochs`).
 
     Raises:
         ValueError: On an unknown config key, a bad choice, both clip options, or fp16 on CPU.
@@ -80,13 +85,13 @@ def train(config: Mapping[str, Any], data: Dataset, ctx: TrialContext) -> Iterat
     cfg = common.setup(config, DEFAULTS, ctx)
     if not 0.0 < cfg["train_fraction"] <= 1.0:
         raise ValueError(f"train_fraction must be in (0, 1], got {cfg['train_fraction']}")
-    splits = common.load_splits(common.subsample(data, cfg["train_fraction"]), ctx)
-    with common.precision_policy(cfg["precision"]):
+    splits = tfdata.load_splits(tfdata.subsample(data, cfg["train_fraction"]), ctx)
+    with common.model_scope(cfg["precision"], ctx):
         model = build_model(cfg, splits, ctx.seed)
         common.compile_model(model, cfg, ctx.max_epochs, splits.n_train)
-    yield from common.train_compiled(model, splits, cfg, ctx)
+    yield from loop.train_compiled(model, splits, cfg, ctx)
 
 
 def export(config: Mapping[str, Any], data: Dataset, ctx: TrialContext, out_dir: Any) -> Metrics:
-    """The export hook: ``model.keras`` and a SavedModel (:func:`_tf_common.export_keras`)."""
-    return common.export_keras(train, config, data, ctx, out_dir)
+    """The export hook: ``model.keras`` and a SavedModel (:func:`_tf_loop.export_keras`)."""
+    return loop.export_keras(train, config, data, ctx, out_dir)

@@ -33,6 +33,8 @@ import numpy as np
 from search.data import Dataset, load_digits
 from search.trainable import Metrics, TrialContext
 from trainables import _tf_common as common
+from trainables import _tf_data as tfdata
+from trainables import _tf_loop as loop
 
 BACKBONES = {
     "mobilenet_v3_small": keras.applications.MobileNetV3Small,
@@ -50,6 +52,9 @@ DEFAULTS: dict[str, Any] = {
     "image_size": 32,
 }
 """Every key :func:`train` reads, with its default."""
+DATA_PARALLEL = "in_process"
+"""Several devices per trial: one process, the model mirrored over them
+(``MirroredStrategy``, :mod:`trainables._tf_devices`)."""
 
 CHOICES = {"backbone": tuple(BACKBONES)}
 
@@ -99,7 +104,7 @@ def set_trainable(backbone: keras.Model, freeze: bool, unfreeze_blocks: int) -> 
 
 
 def build_model(
-    cfg: Mapping[str, Any], splits: common.Splits, seed: int
+    cfg: Mapping[str, Any], splits: tfdata.Splits, seed: int
 ) -> tuple[keras.Model, keras.Model]:
     """Augment, standardize, resize, repeat to RGB, backbone, pooling, dropout, softmax.
 
@@ -135,16 +140,16 @@ def train(config: Mapping[str, Any], data: Dataset, ctx: TrialContext) -> Iterat
         ValueError: On an unknown config key, a bad choice, both clip options, or fp16 on CPU.
     """
     cfg = common.setup(config, DEFAULTS, ctx, CHOICES)
-    splits = common.load_splits(data, ctx, image_size=cfg["image_size"])
-    with common.precision_policy(cfg["precision"]):
+    splits = tfdata.load_splits(data, ctx, image_size=cfg["image_size"])
+    with common.model_scope(cfg["precision"], ctx):
         model, _ = build_model(cfg, splits, ctx.seed)
         common.compile_model(model, cfg, ctx.max_epochs, splits.n_train)
-    yield from common.train_compiled(model, splits, cfg, ctx)
+    yield from loop.train_compiled(model, splits, cfg, ctx)
 
 
 def export(config: Mapping[str, Any], data: Dataset, ctx: TrialContext, out_dir: Any) -> Metrics:
-    """The export hook: ``model.keras`` and a SavedModel (:func:`_tf_common.export_keras`)."""
-    return common.export_keras(train, config, data, ctx, out_dir)
+    """The export hook: ``model.keras`` and a SavedModel (:func:`_tf_loop.export_keras`)."""
+    return loop.export_keras(train, config, data, ctx, out_dir)
 
 
 def recalibrate_batch_norm(model: keras.Model, backbone: keras.Model, images: np.ndarray) -> None:
@@ -196,10 +201,10 @@ def pretrain_backbone(
     config = {"lr": 3e-3, "backbone": backbone, "freeze_backbone": False, "image_size": image_size}
     ctx = TrialContext(max_epochs=epochs, seed=seed, num_threads=num_threads)
     cfg = common.setup(config, DEFAULTS, ctx, CHOICES)
-    splits = common.from_arrays(data)
+    splits = tfdata.from_arrays(data)
     model, net = build_model(cfg, splits, seed)
     common.compile_model(model, cfg, epochs, splits.n_train)
-    train_ds = common.pipeline(splits.train, cfg["batch_size"], num_threads, seed)
+    train_ds = tfdata.pipeline(splits.train, cfg["batch_size"], num_threads, seed)
     model.fit(train_ds, epochs=epochs, shuffle=False, verbose=0)
     recalibrate_batch_norm(model, net, np.concatenate([x for x, _ in train_ds]))
     Path(path).parent.mkdir(parents=True, exist_ok=True)
