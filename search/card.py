@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     import optuna
 
-    from search.export import ConfirmRun
+    from search.confirm import ConfirmRun
     from search.spec import StudySpec
 
 PACKAGES = ("search", "ray", "optuna", "numpy", "pandas", "scikit-learn", "torch", "torchvision",

@@ -25,7 +25,8 @@ import yaml
 from optuna.distributions import FloatDistribution
 from optuna.trial import TrialState, create_trial
 
-from search.export import CONFIRM_SUFFIX, ROLE, TOLERANCE, export_study
+from search.confirm import CONFIRM_SUFFIX, ROLE
+from search.export import TOLERANCE, export_study
 from search.spec import load_spec, parse_spec
 from search.study import open_study
 from search.trainable import TrialContext, resolve_exporter

@@ -16,8 +16,9 @@ import pytest
 from rich.console import Console
 
 from search.bridge import OptunaBridge
+from search.figures import FIGURES, learning_curves
 from search.progress import ProgressCallback, asha_milestones
-from search.report import FIGURES, learning_curves, summarize, write_report
+from search.report import summarize, write_report
 from search.runner import RunOptions, run_study
 from search.spec import parse_spec
 from search.study import load_study
