@@ -73,21 +73,28 @@ def test_an_error_on_any_rank_ends_the_trial_with_that_error() -> None:
         list(epochs)
 
 
-def test_a_cnn_trial_trains_on_two_gloo_workers_and_the_study_records_one_trial(
-    ray_local: None, tmp_path: Path
-) -> None:
+def _one_trial_on_two_devices(tmp_path: Path, trainable: str, epochs: int) -> Any:
+    """Runs a one-trial study of ``trainable`` with ``workers_per_trial: 2`` on CPU; its trial."""
     spec = parse_spec(base_spec(
-        tmp_path, study="ddp", trainable="torch_cnn", budget={"trials": 1, "max_epochs": 3},
-        asha={"enabled": False}, resources={"workers_per_trial": 2, "cpus_per_trial": 2},
+        tmp_path, study=trainable, trainable=trainable,
+        budget={"trials": 1, "max_epochs": epochs}, asha={"enabled": False},
+        resources={"workers_per_trial": 2, "cpus_per_trial": 2},
         fixed={"channels": 8, "optimizer": "adam", "batch_size": 64},
         space={"lr": {"loguniform": [3.0e-3, 4.0e-3]}},
     ))
     run_study(spec, RunOptions(results_dir=tmp_path / "results", progress=False))
-    study = optuna.load_study(study_name="ddp", storage=spec.storage)
+    study = optuna.load_study(study_name=trainable, storage=spec.storage)
     assert len(study.trials) == 1
     trial = study.trials[0]
     assert trial.state.name == "COMPLETE", trial.user_attrs.get("fail_reason")
-    assert sorted(trial.intermediate_values) == [1, 2, 3]
+    assert sorted(trial.intermediate_values) == list(range(1, epochs + 1))
+    return trial
+
+
+def test_a_cnn_trial_trains_on_two_gloo_workers_and_the_study_records_one_trial(
+    ray_local: None, tmp_path: Path
+) -> None:
+    trial = _one_trial_on_two_devices(tmp_path, "torch_cnn", epochs=3)
     assert trial.user_attrs["device"] == "cpu" and trial.user_attrs["epochs"] == 3
     assert trial.user_attrs["replicas"] == 2
     assert trial.value is not None and trial.value > 0.8  # both shards trained one model
@@ -99,16 +106,7 @@ def test_a_tf_cnn_trial_mirrors_over_two_logical_cpus_and_the_study_records_one_
 ) -> None:
     # TF's data-parallel path is one process (MirroredStrategy); without GPUs the trial's CPU
     # is split into as many logical devices as workers_per_trial asks
-    spec = parse_spec(base_spec(
-        tmp_path, study="mirrored", trainable="tf_cnn", budget={"trials": 1, "max_epochs": 2},
-        asha={"enabled": False}, resources={"workers_per_trial": 2, "cpus_per_trial": 2},
-        fixed={"channels": 8, "optimizer": "adam", "batch_size": 64},
-        space={"lr": {"loguniform": [3.0e-3, 4.0e-3]}},
-    ))
-    run_study(spec, RunOptions(results_dir=tmp_path / "results", progress=False))
-    trial = optuna.load_study(study_name="mirrored", storage=spec.storage).trials[0]
-    assert trial.state.name == "COMPLETE", trial.user_attrs.get("fail_reason")
-    assert sorted(trial.intermediate_values) == [1, 2]
+    trial = _one_trial_on_two_devices(tmp_path, "tf_cnn", epochs=2)
     assert trial.user_attrs["replicas"] == 2  # what the strategy reported, not what was asked
     assert trial.user_attrs["device"] == "cpu"
     assert trial.value is not None and trial.value > 0.8  # both replicas trained one model
