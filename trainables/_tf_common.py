@@ -108,6 +108,23 @@ def normalization(splits: Splits) -> keras.layers.Normalization:
     return layer
 
 
+def model_inputs(
+    cfg: Mapping[str, Any], splits: Splits, seed: int
+) -> tuple[keras.KerasTensor, keras.KerasTensor]:
+    """Every image model's first layers: the input, augmentation (training only, when the
+    config asks for it) and standardization adapted on the training split.
+
+    Returns:
+        ``(inputs, x)``: the ``keras.Input`` and the standardized tensor to build on.
+    """
+    inputs = keras.Input(splits.input_shape)
+    x = inputs
+    augment = augmentation(cfg["augment"], cfg["hflip"], seed)
+    if augment is not None:
+        x = augment(x)
+    return inputs, normalization(splits)(x)
+
+
 def augmentation(strength: float, hflip: bool, seed: int) -> keras.Sequential | None:
     """Random rotation, translation, brightness and contrast scaled by ``strength``.
 

@@ -60,12 +60,7 @@ def build_model(cfg: Mapping[str, Any], splits: tfdata.Splits, seed: int) -> ker
         return keras.layers.Conv2D(filters, 3, padding="same", activation="relu",
                                    kernel_regularizer=reg)
 
-    inputs = keras.Input(splits.input_shape)
-    x = inputs
-    augment = common.augmentation(cfg["augment"], cfg["hflip"], seed)
-    if augment is not None:
-        x = augment(x)
-    x = common.normalization(splits)(x)
+    inputs, x = common.model_inputs(cfg, splits, seed)
     x = keras.layers.MaxPooling2D()(conv(c)(conv(c)(x)))
     x = keras.layers.MaxPooling2D()(conv(2 * c)(x))
     x = keras.layers.Dropout(p)(keras.layers.Flatten()(x))

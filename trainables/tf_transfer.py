@@ -112,12 +112,7 @@ def build_model(
         ``(model, backbone)``, the backbone loaded from ``weights_path`` and frozen as asked.
     """
     size = int(cfg["image_size"])
-    inputs = keras.Input(splits.input_shape)
-    x = inputs
-    augment = common.augmentation(cfg["augment"], cfg["hflip"], seed)
-    if augment is not None:
-        x = augment(x)
-    x = common.normalization(splits)(x)
+    inputs, x = common.model_inputs(cfg, splits, seed)
     if splits.input_shape[:2] != (size, size):
         x = keras.layers.Resizing(size, size)(x)
     if splits.input_shape[2] == 1:
