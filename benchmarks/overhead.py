@@ -54,9 +54,9 @@ LABELS = {
 # ---- the contenders (each runs in its own subprocess) ---------------------------------------
 
 def _instant_objective(trial: Any) -> float:
-    from search.space import Param, sample
+    from search.spec.space import Param, sample
     from search.testing import instant
-    from search.trainable import TrialContext
+    from search.contract import TrialContext
 
     params = sample(trial, {"x": Param(uniform=(0.0, 1.0))})
     value = 0.0
@@ -91,8 +91,8 @@ def _optuna(trials: int, warmup: int, storage: str | None) -> tuple[float, float
 
 
 def _search(trials: int, warmup: int, cpus: int, tmp: Path) -> tuple[float, float]:
-    from search.runner import RunOptions, init_ray, run_study
-    from search.spec import parse_spec
+    from search.run.runner import RunOptions, init_ray, run_study
+    from search.spec.schema import parse_spec
 
     init_ray(None, num_cpus=cpus)
 
@@ -112,7 +112,7 @@ def _tune_trainable(config: dict[str, Any]) -> None:
     from ray import tune
 
     from search.testing import instant
-    from search.trainable import TrialContext
+    from search.contract import TrialContext
 
     for metrics in instant(config, None, TrialContext(max_epochs=1)):
         tune.report(metrics)

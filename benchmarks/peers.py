@@ -1,7 +1,7 @@
 """The digits CNN space against its peers: same training code, same budget, only orchestration
 differs.
 
-Every contender trains ``trainables.torch_cnn.train`` (the same generator) on the space of
+Every contender trains ``trainables.torch.cnn.train`` (the same generator) on the space of
 ``spaces/cnn.yaml`` with ``--trials`` trials of at most ``--epochs`` epochs, once per seed, on
 the same machine, one contender after another (each in its own subprocess; Ray-based ones
 start their Ray and run a one-trial warm-up first; seed by seed, so that a busy spell on the
@@ -75,7 +75,7 @@ class Recorder:
 
 
 def _spec(trials: int, epochs: int, seed: int, tmp: Path) -> Any:
-    from search.spec import load_spec, with_overrides
+    from search.spec.schema import load_spec, with_overrides
 
     return with_overrides(load_spec(SPACE), **{
         "budget.trials": trials, "budget.max_epochs": epochs, "sampler.seed": seed,
@@ -88,7 +88,7 @@ def _spec(trials: int, epochs: int, seed: int, tmp: Path) -> Any:
 def _search(trials: int, epochs: int, seeds: list[int], cpus: int, tmp: Path) -> list[dict]:
     from ray.tune import Callback
 
-    from search.runner import RunOptions, init_ray, run_study
+    from search.run.runner import RunOptions, init_ray, run_study
 
     class Tap(Callback):
         def __init__(self, recorder: Recorder) -> None:
@@ -114,10 +114,10 @@ def _optuna(trials: int, epochs: int, seeds: list[int], cpus: int, tmp: Path,
             pruned: bool) -> list[dict]:
     import optuna
 
-    from search.data import load_data
-    from search.space import sample
-    from search.trainable import TrialContext
-    from trainables.torch_cnn import train
+    from search.run.data import load_data
+    from search.spec.space import sample
+    from search.contract import TrialContext
+    from trainables.torch.cnn import train
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
 
@@ -186,9 +186,9 @@ def _tune_domains(space: dict) -> dict:
 def _tune_trial(config: dict, space: dict, fixed: dict, epochs: int, data: Any) -> None:
     from ray import tune
 
-    from search.space import is_active, order
-    from search.trainable import TrialContext
-    from trainables.torch_cnn import train
+    from search.spec.space import is_active, order
+    from search.contract import TrialContext
+    from trainables.torch.cnn import train
 
     params: dict = {}
     for name in order(space):  # Tune has no conditions: drop what the space would not ask
@@ -205,7 +205,7 @@ def _ray_asha(trials: int, epochs: int, seeds: list[int], cpus: int, tmp: Path) 
     from ray.tune.schedulers import ASHAScheduler
     from ray.tune.search.basic_variant import BasicVariantGenerator
 
-    from search.data import load_data
+    from search.run.data import load_data
 
     class Tap(tune.Callback):
         def __init__(self, recorder: Recorder | None) -> None:

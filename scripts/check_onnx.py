@@ -3,7 +3,7 @@
     python scripts/check_onnx.py results/cnn-digits/export
 
 Reads ``config.yaml`` (which data, which split) and ``metrics.json`` (what export measured),
-loads the validation split of the data (arrays as ``search.data`` gives them: the ONNX model
+loads the validation split of the data (arrays as ``search.run.data`` gives them: the ONNX model
 takes them as they are, NCHW float32), runs ``model.onnx`` with onnxruntime on the CPU and
 compares its validation accuracy with the exported one. Exit status 0 when they agree within
 one validation example, 1 otherwise; 2 when the bundle cannot be checked.
@@ -32,8 +32,8 @@ def main(argv: list[str] | None = None) -> int:
 
     import onnxruntime as ort
 
-    from search.data import load_data
-    from search.spec import load_spec
+    from search.run.data import load_data
+    from search.spec.schema import load_spec
 
     spec = load_spec(bundle / "config.yaml")
     data = load_data(spec.data)

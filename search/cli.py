@@ -1,7 +1,9 @@
-"""The command line: ``run``, ``trials`` and ``dashboard``.
+"""The command line: ``run``, ``trials``, ``dashboard``, ``export``, ``report`` and ``train``.
 
-Heavy imports (Ray, Optuna, PyTorch) happen inside the commands, so ``--help`` is instant.
-Every error a user can fix ends in one line on stderr and exit status 2, never a traceback.
+The top layer: it calls :mod:`search.handover`, :mod:`search.report` and :mod:`search.run`.
+Those modules import Ray, Optuna or PyTorch when they are imported, so each command imports
+what it needs inside its function, and ``--help`` stays instant. Every error a user can fix
+ends in one line on stderr and exit status 2, never a traceback.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import typer
 from rich.console import Console
 
 from search.errors import SearchError, one_line
-from search.spec import DEFAULT_STORAGE
+from search.spec.schema import DEFAULT_STORAGE
 
 app = typer.Typer(
     add_completion=False,
@@ -62,12 +64,12 @@ def run(
     ] = False,
 ) -> None:
     """Run a study: sample configs, train them as Ray Tune trials, record them in Optuna."""
-    from search.preflight import check_run
-    from search.results import write_results
-    from search.runner import RunOptions, run_study
-    from search.spec import load_spec, with_overrides
-    from search.study import load_study
-    from search.summary import print_summary
+    from search.record.queries import write_results
+    from search.record.study import load_study
+    from search.report.console import print_summary
+    from search.run.preflight import check_run
+    from search.run.runner import RunOptions, run_study
+    from search.spec.schema import load_spec, with_overrides
 
     parsed = with_overrides(
         load_spec(spec),
@@ -103,9 +105,9 @@ def trials_cmd(
     storage: StorageOpt = DEFAULT_STORAGE,
 ) -> None:
     """Print a study's trials as a table."""
-    from search.preflight import check_storage
-    from search.study import load_study
-    from search.summary import print_trials
+    from search.record.study import load_study
+    from search.report.console import print_trials
+    from search.run.preflight import check_storage
 
     check_storage(storage, "--storage")
     print_trials(console, load_study(study, storage))
@@ -119,9 +121,9 @@ def dashboard(
     port: Annotated[int, typer.Option(help="Port to listen on.")] = 8080,
 ) -> None:
     """Serve optuna-dashboard on the storage (loopback only unless --host says otherwise)."""
-    from search.dashboard import is_loopback, port_is_free, serve
-    from search.preflight import check_storage
-    from search.storage import redact
+    from search.record.storage import redact
+    from search.report.dashboard import is_loopback, port_is_free, serve
+    from search.run.preflight import check_storage
 
     if not is_loopback(host):
         typer.echo(
@@ -138,7 +140,7 @@ def dashboard(
 
 def _report_after_run(study: str, storage: str, results: Path) -> None:
     """Writes the study's report at the end of ``run``; a failure costs a warning, not the run."""
-    from search.report import report_study
+    from search.report.html import report_study
 
     try:
         path = report_study(study, storage, results)
@@ -162,8 +164,8 @@ def export(
     address: Annotated[str | None, typer.Option(help="Ray cluster to join.")] = None,
 ) -> None:
     """Confirm the top configs with fresh seeds, retrain the winner, write a model bundle."""
-    from search.export import export_study
-    from search.preflight import check_storage
+    from search.handover.export import export_study
+    from search.run.preflight import check_storage
 
     check_storage(storage, "--storage")
     export_study(study, storage, out, top_k=top_k, seeds=seeds, address=address,
@@ -178,8 +180,8 @@ def report(
     results: Annotated[Path, typer.Option(help="Folder for results.")] = Path("results"),
 ) -> None:
     """Write results/<study>/report.html (offline plotly figures) and figures/*.png."""
-    from search.preflight import check_storage
-    from search.report import report_study
+    from search.report.html import report_study
+    from search.run.preflight import check_storage
 
     check_storage(storage, "--storage")
     console.print(f"report {report_study(study, storage, results)}")
@@ -200,8 +202,8 @@ def train(
     """
     import json
 
-    from search.export import train_spec
-    from search.spec import load_spec
+    from search.handover.train import train_spec
+    from search.spec.schema import load_spec
 
     parsed = load_spec(spec)
     metric = parsed.objective.metric

@@ -1,9 +1,9 @@
 """Data-parallel trials: several devices train one trial; the study sees one.
 
 ``resources.workers_per_trial: 2`` on a CPU machine forces two gloo workers per PyTorch trial,
-the way ``gpus_per_trial: 2`` gives two NCCL workers on GPUs (:mod:`search.distributed`), and
+the way ``gpus_per_trial: 2`` gives two NCCL workers on GPUs (:mod:`search.run.distributed`), and
 a TensorFlow trial's ``MirroredStrategy`` over two logical CPU devices, the way it mirrors over
-two GPUs (:mod:`trainables._tf_devices`).
+two GPUs (:mod:`trainables.tf.devices`).
 """
 
 from __future__ import annotations
@@ -16,11 +16,11 @@ from typing import Any
 import optuna
 import pytest
 
-from search.data import Dataset, load_digits
-from search.distributed import data_parallel
-from search.runner import RunOptions, run_study
-from search.spec import parse_spec
-from search.trainable import TrialContext
+from search.contract import TrialContext
+from search.contract.dataset import Dataset, load_digits
+from search.run.distributed import data_parallel
+from search.run.runner import RunOptions, run_study
+from search.spec.schema import parse_spec
 from tests.conftest import base_spec
 
 pytestmark = [pytest.mark.slow, pytest.mark.torch]

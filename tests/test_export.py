@@ -25,11 +25,11 @@ import yaml
 from optuna.distributions import FloatDistribution
 from optuna.trial import TrialState, create_trial
 
-from search.confirm import CONFIRM_SUFFIX, ROLE
-from search.export import TOLERANCE, export_study
-from search.spec import load_spec, parse_spec
-from search.study import open_study
-from search.trainable import TrialContext, resolve_exporter
+from search.contract import TrialContext, resolve_exporter
+from search.handover.confirm import CONFIRM_SUFFIX, ROLE
+from search.handover.export import TOLERANCE, export_study
+from search.record.study import open_study
+from search.spec.schema import load_spec, parse_spec
 from tests.conftest import REPO, base_spec
 from tests.test_cli import _cli
 
@@ -138,10 +138,10 @@ def test_torch_export_writes_safetensors_and_an_onnx_that_matches(tmp_path: Path
     import torch
     from safetensors.torch import load_model
 
-    from search.data import load_digits
-    from trainables import torch_cnn
-    from trainables._torch_data import to_tensors
-    from trainables._torch_export import RawInputs
+    from search.contract.dataset import load_digits
+    from trainables.torch import cnn as torch_cnn
+    from trainables.torch.data import to_tensors
+    from trainables.torch.export import RawInputs
 
     data = load_digits(0.2, 0)
     config = {"channels": 8, "lr": 3e-3, "batch_size": 64}
@@ -228,8 +228,8 @@ def test_tf_study_exports_a_keras_file_that_reloads_with_the_same_accuracy(
 
     import keras
 
-    from search.data import load_digits
-    from trainables import _tf_data as tfdata
+    from search.contract.dataset import load_digits
+    from trainables.tf import data as tfdata
 
     reloaded = keras.models.load_model(bundle / "model.keras")
     val = tfdata.pipeline(tfdata.from_arrays(load_digits(0.2, 0)).val, 64, 2)

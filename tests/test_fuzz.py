@@ -22,7 +22,7 @@ from typer.testing import CliRunner
 
 from search.cli import app
 from search.errors import SpecError
-from search.spec import StudySpec, load_spec, parse_spec
+from search.spec.schema import StudySpec, load_spec, parse_spec
 
 SOURCE = "fuzz.yaml"
 FAST = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -232,7 +232,7 @@ def test_random_cli_arguments_never_crash(spec: str, args: list[str], spec_first
     with tempfile.TemporaryDirectory() as tmp, contextlib.chdir(tmp):
         for name, text in SPEC_FILES.items():
             Path(name).write_text(text)
-        with mock.patch("search.runner.run_study", side_effect=AssertionError("a run started")):
+        with mock.patch("search.run.runner.run_study", side_effect=AssertionError("a run started")):
             result = CliRunner().invoke(app, argv)
         assert result.exception is None or isinstance(result.exception, SystemExit), (
             argv,

@@ -7,11 +7,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from search.data import image_folder, load_digits
-from search.runner import RunOptions, run_study
-from search.spec import parse_spec
-from search.study import load_study
-from search.trainable import TrialContext
+from search.contract import TrialContext
+from search.contract.dataset import image_folder, load_digits
+from search.record.study import load_study
+from search.run.runner import RunOptions, run_study
+from search.spec.schema import parse_spec
 from tests.conftest import base_spec
 
 
@@ -43,8 +43,8 @@ def test_layout_is_read_without_loading_images(png_tree: Path, tmp_path: Path) -
 
 @pytest.mark.torch
 def test_torch_reads_the_folder_with_image_folder(png_tree: Path) -> None:
-    from trainables import torch_cnn
-    from trainables._torch_data import materialize
+    from trainables.torch import cnn as torch_cnn
+    from trainables.torch.data import materialize
 
     data = image_folder(png_tree, 16)
     arrays = materialize(data, {"val_fraction": 0.25, "split_seed": 0})

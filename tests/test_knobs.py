@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from search.knobs import KnobError, check_knobs, declared_knobs
-from search.spec import parse_spec
+from search.spec.knobs import KnobError, check_knobs, declared_knobs
+from search.spec.schema import parse_spec
 from tests.conftest import REPO, base_spec, write_spec
 from tests.test_cli import _cli
 

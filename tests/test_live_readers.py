@@ -6,7 +6,7 @@ reads every trial with its intermediate values and calls the dashboard's JSON AP
 loop. The run must finish every trial and the reader must never see an error.
 
 What WAL and the busy timeout buy, measured with this scenario on a 2-core machine (the run's
-storage swapped for a variant by monkeypatching ``search.study.open_storage``):
+storage swapped for a variant by monkeypatching ``search.record.study.open_storage``):
 
 - as shipped (WAL, 60 s timeout): 0 reader errors, run 14 s, ~800 reads;
 - WAL, busy timeout 0: 0 reader errors, run 16 s;
@@ -32,9 +32,9 @@ from pathlib import Path
 
 import pytest
 
-from search.runner import RunOptions, run_study
-from search.spec import parse_spec
-from search.study import load_study, open_study
+from search.record.study import load_study, open_study
+from search.run.runner import RunOptions, run_study
+from search.spec.schema import parse_spec
 from tests.conftest import REPO, base_spec
 
 pytestmark = [pytest.mark.ray]

@@ -1,6 +1,6 @@
 """Placement: the packing arithmetic, ``auto`` on CPUs, and trials on logical GPUs.
 
-The arithmetic is pure (``search.placement``). The Ray tests run the synthetic
+The arithmetic is pure (``search.run.placement``). The Ray tests run the synthetic
 ``search.testing:curve`` trainable with its tracing knobs (``trace_dir``, ``wait_for``,
 ``oom_below_share``): every trial writes where and when it ran. The logical-GPU test starts
 its own Ray with 4 GPUs the machine does not have, in a subprocess (the session's shared Ray
@@ -22,8 +22,8 @@ import optuna
 import pytest
 
 from search.errors import SearchError
-from search.gpu_memory import Measurement, largest_config, out_of_memory
-from search.placement import (
+from search.run.gpu_memory import Measurement, largest_config, out_of_memory
+from search.run.placement import (
     CUDA_CONTEXT_BYTES,
     IN_PROCESS,
     Packing,
@@ -34,9 +34,9 @@ from search.placement import (
     resolve,
     share_extras,
 )
-from search.runner import RunOptions, run_study
-from search.space import Param
-from search.spec import ResourcesSpec, parse_spec
+from search.run.runner import RunOptions, run_study
+from search.spec.schema import ResourcesSpec, parse_spec
+from search.spec.space import Param
 from tests.conftest import REPO, base_spec
 
 GIB = 2**30
@@ -229,8 +229,8 @@ DRIVER = textwrap.dedent(
     import sys
     from pathlib import Path
 
-    from search.runner import RunOptions, init_ray, run_study
-    from search.spec import load_spec
+    from search.run.runner import RunOptions, init_ray, run_study
+    from search.spec.schema import load_spec
 
     init_ray(None, num_cpus=2, num_gpus=4)
     for path in sys.argv[1:]:
@@ -295,8 +295,8 @@ def test_half_gpus_on_four_logical_gpus_run_eight_trials_at_once(tmp_path: Path)
 
 @pytest.mark.torch
 def test_the_memory_measurement_is_skipped_without_cuda() -> None:
-    from search.data import load_digits
-    from search.gpu_memory import measure_peak
+    from search.contract.dataset import load_digits
+    from search.run.gpu_memory import measure_peak
 
     config = largest_config(parse_spec(base_spec(Path("."), trainable="torch_cnn", space={
         "batch_size": {"choice": [32, 256]}})).space, {"channels": 8})

@@ -16,15 +16,15 @@ import pytest
 from typer.testing import CliRunner
 
 from search.cli import app
-from search.preflight import (
+from search.record.storage import expand, redact
+from search.run.preflight import (
     PreflightError,
     check_data,
     check_ray_address,
     check_storage,
     use_cluster_token,
 )
-from search.spec import DataSpec, parse_spec
-from search.storage import expand, redact
+from search.spec.schema import DataSpec, parse_spec
 from tests.conftest import REPO, base_spec, write_spec
 
 SECRET = "pw-Zq81rT"

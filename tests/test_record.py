@@ -6,7 +6,8 @@ import math
 
 from optuna.trial import TrialState
 
-from search.record import EPOCH, FAIL_REASON, TrialRecord, error_summary, nonfinite_reason
+from search.contract import nonfinite_reason
+from search.record.fate import EPOCH, FAIL_REASON, TrialRecord, error_summary
 
 
 def _record(values: list[float], max_epochs: int = 9, **last: object) -> TrialRecord:

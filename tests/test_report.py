@@ -15,13 +15,14 @@ import re
 import pytest
 from rich.console import Console
 
-from search.bridge import OptunaBridge
-from search.figures import FIGURES, learning_curves
-from search.progress import ProgressCallback, asha_milestones
-from search.report import summarize, write_report
-from search.runner import RunOptions, run_study
-from search.spec import parse_spec
-from search.study import load_study
+from search.record.study import load_study
+from search.report.figures import FIGURES, learning_curves
+from search.report.html import summarize, write_report
+from search.run.bridge import OptunaBridge
+from search.run.progress import ProgressCallback
+from search.run.runner import RunOptions, run_study
+from search.spec.derive import asha_milestones
+from search.spec.schema import parse_spec
 from tests.conftest import base_spec
 from tests.test_cli import _cli
 

@@ -15,8 +15,8 @@ import pytest
 from optuna.trial import TrialState
 from ray.tune.schedulers import TrialScheduler
 
-from search.resume import INTERRUPTED, earlier_curves, recover
-from search.scheduler import PruneReportingASHA
+from search.record.resume import INTERRUPTED, earlier_curves, recover
+from search.run.scheduler import PruneReportingASHA
 from tests.conftest import REPO, base_spec, write_spec
 
 

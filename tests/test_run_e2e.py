@@ -15,10 +15,10 @@ import pandas as pd
 import pytest
 import yaml
 
-from search.results import write_results
-from search.runner import RunOptions, run_study
-from search.spec import load_spec, parse_spec
-from search.study import load_study
+from search.record.queries import write_results
+from search.record.study import load_study
+from search.run.runner import RunOptions, run_study
+from search.spec.schema import load_spec, parse_spec
 from tests.conftest import base_spec
 
 pytestmark = [pytest.mark.ray]
@@ -145,8 +145,8 @@ def test_stock_searcher_gets_it_wrong_and_ours_right(ray_local: None, tmp_path: 
     from ray.tune.schedulers import ASHAScheduler
     from ray.tune.search.optuna import OptunaSearch
 
+    from search.contract import TrialContext
     from search.testing import curve
-    from search.trainable import TrialContext
 
     def trainable(config: dict) -> None:
         for m in curve(config, None, TrialContext(max_epochs=MAX_EPOCHS)):  # type: ignore[arg-type]

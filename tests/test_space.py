@@ -7,9 +7,9 @@ from pathlib import Path
 import optuna
 import pytest
 
-from search.samplers import build_sampler
-from search.space import Param, grid, order, sample
-from search.spec import load_spec, parse_spec
+from search.record.samplers import build_sampler
+from search.spec.schema import load_spec, parse_spec
+from search.spec.space import Param, grid, order, sample
 from tests.conftest import REPO, base_spec
 
 SPACE = load_spec(REPO / "spaces" / "cnn.yaml")

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from search.runner import RunOptions, run_study
-from search.spec import load_spec, with_overrides
-from search.study import load_study
+from search.record.study import load_study
+from search.run.runner import RunOptions, run_study
+from search.spec.schema import load_spec, with_overrides
 from tests.conftest import REPO
 
 SPACES = sorted((REPO / "spaces").glob("*.yaml"))

@@ -18,13 +18,16 @@ pytest.importorskip("tensorflow")
 
 import keras  # noqa: E402
 
-from search.data import Dataset, load_digits  # noqa: E402
-from search.trainable import RESERVED_PREFIX, TrialContext  # noqa: E402
-from trainables import _tf_common as common  # noqa: E402
-from trainables import _tf_data as tfdata  # noqa: E402
-from trainables import _tf_devices as devices  # noqa: E402
-from trainables import _tf_loop as loop  # noqa: E402
-from trainables import tf_cnn, tf_transfer  # noqa: E402
+from search.contract import RESERVED_PREFIX, TrialContext  # noqa: E402
+from search.contract.dataset import Dataset, load_digits  # noqa: E402
+from trainables.tf import cnn as tf_cnn  # noqa: E402
+from trainables.tf import (
+    common,  # noqa: E402
+    devices,  # noqa: E402
+    loop,  # noqa: E402
+)
+from trainables.tf import data as tfdata  # noqa: E402
+from trainables.tf import transfer as tf_transfer  # noqa: E402
 
 pytestmark = pytest.mark.tf
 

@@ -12,11 +12,14 @@ import pytest
 torch = pytest.importorskip("torch")
 torchvision = pytest.importorskip("torchvision")
 
-from search.data import Dataset, load_digits  # noqa: E402
-from search.trainable import TrialContext  # noqa: E402
-from trainables import _torch_common, torch_cnn, torch_rnn, torch_transfer  # noqa: E402
-from trainables._torch_data import to_tensors  # noqa: E402
-from trainables._torch_loop import fit_epochs  # noqa: E402
+from search.contract import TrialContext  # noqa: E402
+from search.contract.dataset import Dataset, load_digits  # noqa: E402
+from trainables.torch import cnn as torch_cnn  # noqa: E402
+from trainables.torch import common as _torch_common  # noqa: E402
+from trainables.torch import rnn as torch_rnn  # noqa: E402
+from trainables.torch import transfer as torch_transfer  # noqa: E402
+from trainables.torch.data import to_tensors  # noqa: E402
+from trainables.torch.loop import fit_epochs  # noqa: E402
 
 pytestmark = pytest.mark.torch
 
@@ -118,7 +121,7 @@ def test_augmentation_changes_training_inputs_but_never_validation(few_digits):
 
 
 def test_augment_draws_per_image_stays_in_range_and_repeats_with_the_seed():
-    from trainables._torch_data import build_augment
+    from trainables.torch.data import build_augment
 
     assert build_augment(0.0) is None
     image = torch.rand(1, 8, 8)
@@ -140,8 +143,8 @@ def test_an_augmented_cnn_trial_does_not_import_torchvision():
     import subprocess
     import sys
 
-    code = ("import sys; from search.data import load_digits; from search.trainable import "
-            "TrialContext; from trainables.torch_cnn import train; d = load_digits(0.2, 0); "
+    code = ("import sys; from search.contract.dataset import load_digits; from search.contract import "
+            "TrialContext; from trainables.torch.cnn import train; d = load_digits(0.2, 0); "
             "next(train({'channels': 4, 'augment': 0.4, 'hflip': True}, d, "
             "TrialContext(max_epochs=1))); print('torchvision' in sys.modules)")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,

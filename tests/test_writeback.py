@@ -8,8 +8,8 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
-from search.storage import open_storage
-from search.writeback import WriteBehindStorage
+from search.record.storage import open_storage
+from search.record.writeback import WriteBehindStorage
 
 
 def _pair(tmp_path: Path) -> tuple[optuna.Study, WriteBehindStorage, str]:

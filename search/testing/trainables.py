@@ -11,8 +11,8 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from search.data import Dataset
-from search.trainable import Metrics, TrialContext
+from search.contract import Metrics, TrialContext
+from search.contract.dataset import Dataset
 
 
 def curve(config: Mapping[str, Any], data: Dataset, ctx: TrialContext) -> Iterator[Metrics]:
@@ -108,7 +108,7 @@ def instant(config: Mapping[str, Any], data: Dataset, ctx: TrialContext) -> Iter
 
 def curve_export(config: Mapping[str, Any], data: Dataset, ctx: TrialContext,
                  out_dir: Path) -> Metrics:
-    """The export hook of :func:`curve` (``search.export``): trains it, writes ``model.json``."""
+    """The export hook of :func:`curve` (``search.handover.export``): trains it, writes ``model.json``."""
     history = ctx.extras.get("history")
     last: Metrics = {}
     for metrics in curve(config, data, ctx):

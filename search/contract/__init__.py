@@ -1,0 +1,38 @@
+"""The contract between the framework and a trainable: the bottom layer, imported by all.
+
+What a trainable receives (:class:`TrialContext`, :class:`Dataset`), how it is found and what
+its module declares (:mod:`.registry`), and the one loop that drives it (:mod:`.driver`).
+A user's trainable needs nothing else::
+
+    from search.contract import Dataset, Metrics, TrialContext
+"""
+
+from search.contract.context import RESERVED_PREFIX, ExportFn, Metrics, TrainFn, TrialContext
+from search.contract.dataset import Dataset
+from search.contract.driver import Epoch, as_metrics, drive, nonfinite_reason, train_to_end
+from search.contract.registry import (
+    BUILTIN,
+    Declarations,
+    UnknownTrainableError,
+    check_trainable,
+    declarations,
+)
+
+__all__ = [
+    "BUILTIN",
+    "RESERVED_PREFIX",
+    "Dataset",
+    "Declarations",
+    "Epoch",
+    "ExportFn",
+    "Metrics",
+    "TrainFn",
+    "TrialContext",
+    "UnknownTrainableError",
+    "as_metrics",
+    "check_trainable",
+    "declarations",
+    "drive",
+    "nonfinite_reason",
+    "train_to_end",
+]

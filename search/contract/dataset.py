@@ -1,0 +1,192 @@
+"""The data a trainable receives (:class:`Dataset`) and the built-in datasets.
+
+The driver loads a dataset once and shares it with every trial through Ray's object store.
+
+Data is framework-neutral: numpy arrays, split into training and validation parts. Each
+trainable turns them into tensors of its own framework (and normalizes them from the training
+split, so no validation statistics leak into training).
+
+An image folder is the exception: the driver only records its layout (:func:`image_folder`)
+and every trial reads it itself, the same way in every framework (:func:`materialize`):
+Pillow, RGB, resized to ``image_size``, NCHW float32 holding the pixel values 0..255, split by
+:func:`split` with the spec's ``val_fraction`` and ``split_seed``. A trainable then treats
+those arrays exactly as the digits: :func:`subsample` for ``train_fraction``, then division by
+the training split's largest value.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Dataset:
+    """A classification dataset split into training and validation arrays.
+
+    Args:
+        x_train: Inputs, shape ``(n, channels, height, width)`` for images, float32.
+        y_train: Integer class labels, shape ``(n,)``.
+        x_val: Validation inputs, same layout as ``x_train``.
+        y_val: Validation labels.
+        num_classes: How many classes the labels range over.
+        name: The dataset's name in the spec.
+        path: For folder datasets, the absolute folder (arrays are then empty and each trial
+            reads the folder with :func:`materialize`).
+        image_size: For folder datasets, the side images are resized to.
+    """
+
+    x_train: np.ndarray
+    y_train: np.ndarray
+    x_val: np.ndarray
+    y_val: np.ndarray
+    num_classes: int
+    name: str
+    path: str | None = None
+    image_size: int | None = None
+
+    @property
+    def input_shape(self) -> tuple[int, ...]:
+        """Shape of one input (without the batch dimension)."""
+        return tuple(self.x_train.shape[1:])
+
+
+def split(
+    x: np.ndarray, y: np.ndarray, val_fraction: float, seed: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Splits ``(x, y)`` into stratified training and validation parts, reproducibly."""
+    from sklearn.model_selection import train_test_split
+
+    x_tr, x_va, y_tr, y_va = train_test_split(
+        x, y, test_size=val_fraction, random_state=seed, stratify=y
+    )
+    return x_tr, y_tr, x_va, y_va
+
+
+def load_digits(val_fraction: float, seed: int) -> Dataset:
+    """scikit-learn's 8x8 handwritten digits (1797 images, shipped with the package)."""
+    from sklearn.datasets import load_digits as _load
+
+    bunch = _load()
+    x = bunch.images.astype(np.float32)[:, None, :, :]  # (n, 1, 8, 8), values 0..16
+    y = bunch.target.astype(np.int64)
+    x_tr, y_tr, x_va, y_va = split(x, y, val_fraction, seed)
+    return Dataset(x_tr, y_tr, x_va, y_va, num_classes=10, name="digits")
+
+
+def subsample(data: Dataset, fraction: float, seed: int = 0) -> Dataset:
+    """``data`` with a stratified ``fraction`` of its training split, the same in every trial.
+
+    At least one example of each class is kept; validation stays as it is.
+
+    Raises:
+        ValueError: When ``fraction`` is not in (0, 1].
+    """
+    if not 0.0 < fraction <= 1.0:
+        raise ValueError(f"train_fraction must be in (0, 1], got {fraction}")
+    if fraction == 1.0 or len(data.y_train) == 0:
+        return data
+    from sklearn.model_selection import train_test_split
+
+    n_keep = max(len(np.unique(data.y_train)), round(fraction * len(data.y_train)))
+    x, _, y, _ = train_test_split(data.x_train, data.y_train, train_size=n_keep,
+                                  random_state=seed, stratify=data.y_train)
+    return dataclasses.replace(data, x_train=x, y_train=y)
+
+
+# --- image folders ----------------------------------------------------------------------------
+
+IMAGE_SUFFIXES = {".png", ".jpg", ".jpeg", ".bmp", ".gif"}
+
+
+def _is_image(path: Path) -> bool:
+    return path.suffix.lower() in IMAGE_SUFFIXES and path.is_file()
+
+
+def folder_classes(root: Path) -> list[str]:
+    """The subfolders of ``root`` with at least one image (at any depth), sorted by name."""
+    return sorted(
+        d.name for d in root.iterdir() if d.is_dir() and any(map(_is_image, d.rglob("*")))
+    )
+
+
+def image_folder(path: str | Path, image_size: int | None) -> Dataset:
+    """A folder of class subfolders; only its layout is read here, never the images.
+
+    Raises:
+        FileNotFoundError: When the folder is missing or has no class subfolder with images.
+    """
+    root = Path(path).resolve()
+    if not root.is_dir():
+        raise FileNotFoundError(f"data.path: no folder at {root}")
+    classes = folder_classes(root)
+    if not classes:
+        raise FileNotFoundError(f"data.path: {root} has no class subfolders with images")
+    empty = np.zeros((0, 3, image_size or 32, image_size or 32), np.float32)
+    labels = np.zeros((0,), np.int64)
+    return Dataset(
+        empty, labels, empty, labels, len(classes), "image_folder", str(root), image_size or 32
+    )
+
+
+def folder_files(path: str | Path) -> tuple[list[Path], np.ndarray, list[str]]:
+    """Every image of a class-subfolder tree (sorted), its label, and the class names.
+
+    Raises:
+        FileNotFoundError: When the folder is missing or has no class subfolder with images.
+    """
+    root = Path(path)
+    classes = folder_classes(root) if root.is_dir() else []
+    if not classes:
+        raise FileNotFoundError(f"data.path: {root} has no class subfolders with images")
+    files: list[Path] = []
+    labels: list[int] = []
+    for label, name in enumerate(classes):
+        found = sorted(filter(_is_image, (root / name).rglob("*")))
+        files += found
+        labels += [label] * len(found)
+    return files, np.asarray(labels, dtype=np.int64), classes
+
+
+def read_image(path: Path, image_size: int) -> np.ndarray:
+    """One image as ``(3, image_size, image_size)`` float32 RGB, values 0..255 (bilinear)."""
+    from PIL import Image
+
+    with Image.open(path) as image:
+        rgb = image.convert("RGB").resize((image_size, image_size), Image.Resampling.BILINEAR)
+    return np.asarray(rgb, dtype=np.float32).transpose(2, 0, 1).copy()
+
+
+def read_image_folder(
+    path: str | Path, image_size: int, val_fraction: float, seed: int
+) -> Dataset:
+    """Reads a class-subfolder tree into arrays and splits it with :func:`split`.
+
+    Every framework reads folders through here, so the same files go to validation and the
+    inputs are the same numbers (NCHW float32 RGB, 0..255, ``image_size`` squares).
+    """
+    files, y, classes = folder_files(path)
+    x = np.stack([read_image(f, image_size) for f in files])
+    x_tr, y_tr, x_va, y_va = split(x, y, val_fraction, seed)
+    return Dataset(x_tr, y_tr, x_va, y_va, len(classes), "image_folder", str(path), image_size)
+
+
+def materialize(data: Dataset, extras: Mapping[str, Any]) -> Dataset:
+    """The arrays a trial trains on: ``data`` itself, or the image folder it names, read now.
+
+    The folder is ``extras["data_path"]`` (the runner sets it) or else ``data.path``. It is
+    read at ``extras["image_size"]`` or else ``data.image_size`` (default 32) and split with
+    ``extras["val_fraction"]`` (0.2) and ``extras["split_seed"]`` (0). Trainables call it
+    inside the trial, so the driver never holds the images.
+    """
+    path = extras.get("data_path") or data.path
+    if not path:
+        return data
+    size = int(extras.get("image_size") or data.image_size or 32)
+    val_fraction = float(extras.get("val_fraction", 0.2))
+    return read_image_folder(str(path), size, val_fraction, int(extras.get("split_seed", 0)))

@@ -1,0 +1,149 @@
+"""The one loop that drives a trainable's generator, wherever it runs.
+
+A Ray trial (:mod:`search.run.worker`), a confirmation run, the final training of an export,
+``python -m search train`` and the GPU memory probe all iterate a trainable the same way
+(:func:`drive`): number each epoch, turn its metrics into plain floats once, stop after the
+first non-finite metric or at the epoch budget, and close the generator however the loop
+ends. :func:`train_to_end` is that loop for export hooks, which also need the model.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import numbers
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import closing
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from search.contract.context import Metrics, TrainFn, TrialContext
+
+if TYPE_CHECKING:
+    from search.contract.dataset import Dataset
+
+
+def as_number(value: Any) -> float | None:
+    """``value`` as a Python float when it is a real number, else ``None``.
+
+    Python, NumPy and 0-d tensor scalars are numbers; ``bool``, strings, ``None`` and arrays
+    of more than one element are not. NumPy 2 scalars are not ``float``: this is where they
+    become one, once.
+
+    Example:
+        >>> import numpy as np
+        >>> as_number(np.float32(0.5)), as_number(3), as_number("0.5"), as_number(None)
+        (0.5, 3.0, None, None)
+    """
+    if isinstance(value, bool) or value is None or isinstance(value, str | bytes):
+        return None
+    if isinstance(value, numbers.Real):
+        return float(value)
+    item = getattr(value, "item", None)  # numpy scalars and 0-d arrays, 0-d torch/tf tensors
+    size = getattr(value, "size", None)
+    if callable(item) and (size == 1 or getattr(value, "shape", None) in ((), [])):
+        try:
+            plain = item()
+        except (TypeError, ValueError, RuntimeError):
+            return None
+        return as_number(plain)
+    numpy = getattr(value, "numpy", None)  # an eager TensorFlow scalar
+    if callable(numpy) and getattr(value, "shape", None) == ():
+        return as_number(numpy())
+    return None
+
+
+def as_metrics(raw: Mapping[str, Any]) -> dict[str, Any]:
+    """Every real-number value of ``raw`` as a Python float; other values as they are."""
+    out: dict[str, Any] = {}
+    for key, value in raw.items():
+        number = as_number(value)
+        out[str(key)] = value if number is None else number
+    return out
+
+
+def nonfinite_reason(metrics: Mapping[str, Any], epoch: int) -> str | None:
+    """Names the first metric that is NaN or infinite, or returns ``None``.
+
+    Example:
+        >>> nonfinite_reason({"val_loss": float("nan")}, 3)
+        'val_loss is nan at epoch 3'
+    """
+    for key, value in metrics.items():
+        number = as_number(value)
+        if number is not None and not math.isfinite(number):
+            return f"{key} is {number} at epoch {epoch}"
+    return None
+
+
+@dataclass(frozen=True)
+class Epoch:
+    """One epoch a trainable yielded.
+
+    Args:
+        number: The epoch's number (from the context's ``start_epoch``).
+        metrics: Its metrics, every number a Python float.
+        fail_reason: Set when a metric is NaN or infinite; the run ends with this epoch.
+    """
+
+    number: int
+    metrics: dict[str, Any]
+    fail_reason: str | None = None
+
+
+def drive(epochs: Iterable[Mapping[str, Any]], max_epochs: int, start: int = 1) -> Iterator[Epoch]:
+    """Iterates a trainable's epochs until the budget, a non-finite metric, or its own end.
+
+    The trainable's generator is closed when the loop ends, also when the caller stops early
+    (close this generator, or use it in ``contextlib.closing``).
+
+    Example:
+        >>> [e.number for e in drive(iter([{"a": 1}, {"a": 2}, {"a": 3}]), max_epochs=2)]
+        [1, 2]
+        >>> [e.fail_reason for e in drive(iter([{"a": 1}, {"a": float("inf")}, {}]), 9)]
+        [None, 'a is inf at epoch 2']
+    """
+    try:
+        for number, raw in enumerate(epochs, start=start):
+            metrics = as_metrics(raw)
+            reason = nonfinite_reason(metrics, number)
+            yield Epoch(number, metrics, reason)
+            if reason or number >= max_epochs:
+                return
+    finally:
+        close = getattr(epochs, "close", None)
+        if callable(close):
+            close()
+
+
+def train_to_end(
+    train: TrainFn, config: Mapping[str, Any], data: Dataset, ctx: TrialContext
+) -> tuple[dict[str, Any], Metrics, int]:
+    """Runs ``train`` through every epoch for an export hook, capturing the model it exposes.
+
+    The trainable hands its model out through ``ctx.extras["model_out"]`` (a dict it fills);
+    each epoch's metrics are appended to ``ctx.extras["history"]`` when that is a list.
+    Checkpointing is off: an export trains in one go.
+
+    Returns:
+        The filled ``model_out`` dict, the last epoch's metrics, and the epochs trained.
+
+    Raises:
+        RuntimeError: When the trainable did not expose its model.
+    """
+    handle: dict[str, Any] = {}
+    history = ctx.extras.get("history")
+    run_ctx = dataclasses.replace(
+        ctx, extras={**ctx.extras, "model_out": handle},
+        checkpoint_dir=None, restore_dir=None, start_epoch=1,
+    )
+    last: Metrics = {}
+    epochs = 0
+    with closing(drive(train(config, data, run_ctx), ctx.max_epochs)) as run:
+        for epoch in run:
+            last, epochs = dict(epoch.metrics), epoch.number
+            if isinstance(history, list):
+                history.append(dict(epoch.metrics))
+    if "model" not in handle:
+        raise RuntimeError("the trainable did not expose its model (ctx.extras['model_out'])")
+    return handle, last, epochs

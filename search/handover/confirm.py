@@ -1,0 +1,313 @@
+"""Confirm the best configs of a study with fresh seeds (steps 1 to 3 of ``export``).
+
+1. **Candidates**: the top ``K`` COMPLETE trials of the study (best value first, duplicates of
+   the same parameters dropped). A study without a COMPLETE trial is refused (one line).
+2. **Confirmation**: each candidate is trained again ``S`` times at the full epoch budget, with
+   fresh seeds (:func:`confirmation_seeds`: the same ``S`` seeds for every candidate, none of
+   them a seed the search used), as plain ``ray.remote`` tasks with one trial's resources,
+   at most ``resources.max_concurrent`` at once (search trials already had their chance to be
+   lucky; new seeds measure the config, not the draw). Every run is recorded in the study
+   ``<study>-confirm`` of the same storage, with its intermediate values and the user
+   attributes ``role: confirmation``, ``source_trial``, ``seed``, ``export_run``; the search
+   study itself is left alone, so its sampler and ``best_trial`` see search trials only.
+3. **Choice** (:func:`confirmation_table`): the candidate with the fewest failed runs, then
+   the best mean (spread: sample standard deviation, min and max).
+
+:mod:`search.handover.export` then trains the final model and writes the bundle.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import statistics
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+from search.contract import declarations
+from search.errors import one_line
+from search.handover.train import ExportError, Log, train_once
+from search.record.storage import open_storage, redact
+from search.record.study import CONFIRM_SUFFIX
+from search.run.cluster import init_ray
+from search.spec.schema import parse_spec
+
+if TYPE_CHECKING:
+    import optuna
+
+    from search.contract.dataset import Dataset
+    from search.spec.schema import StudySpec
+
+ROLE = "confirmation"
+"""User attribute ``role`` of every confirmation trial (and of the confirmation study)."""
+
+CONFIRM_SEED_OFFSET = 1_000_000
+"""Confirmation seeds start here above the sampler's seed; search trial ``n`` used seed + n."""
+
+@dataclass(frozen=True)
+class Candidate:
+    """One COMPLETE search trial that goes to confirmation."""
+
+    number: int
+    value: float
+    params: dict[str, Any]
+    distributions: dict[str, Any]
+
+
+@dataclass
+class ConfirmRun:
+    """One confirmation run: a candidate trained with one seed to the full budget."""
+
+    source_trial: int
+    seed: int
+    history: list[dict[str, float]] = field(default_factory=list)
+    seconds: float = 0.0
+    fail_reason: str | None = None
+    device: str = "cpu"
+    node: str = ""
+
+    def value(self, metric: str) -> float | None:
+        """The metric of the last epoch, or ``None`` when the run failed."""
+        if self.fail_reason or not self.history:
+            return None
+        return float(self.history[-1][metric])
+
+
+@dataclass(frozen=True)
+class Row:
+    """A candidate's line of the confirmation table."""
+
+    source_trial: int
+    search_value: float
+    values: dict[int, float | None]  # seed -> final metric (None: failed)
+    params: dict[str, Any]
+
+    @property
+    def ok(self) -> list[float]:
+        return [v for v in self.values.values() if v is not None]
+
+    @property
+    def failed(self) -> int:
+        return sum(v is None for v in self.values.values())
+
+    @property
+    def mean(self) -> float:
+        return statistics.fmean(self.ok) if self.ok else math.nan
+
+    @property
+    def std(self) -> float:
+        return statistics.stdev(self.ok) if len(self.ok) > 1 else 0.0
+
+    def as_dict(self) -> dict[str, Any]:
+        ok = self.ok
+        return {
+            "source_trial": self.source_trial,
+            "search_value": self.search_value,
+            "mean": self.mean if ok else None,
+            "std": self.std if ok else None,
+            "min": min(ok) if ok else None,
+            "max": max(ok) if ok else None,
+            "runs": len(self.values),
+            "failed": self.failed,
+            "values": {str(seed): v for seed, v in self.values.items()},
+            "params": self.params,
+        }
+
+
+# --- candidates and seeds ----------------------------------------------------------------------
+
+
+def stored_spec(study: optuna.Study, storage: str) -> StudySpec:
+    """The spec recorded on ``study``, with ``storage`` (the real URL) for the redacted one.
+
+    Raises:
+        ExportError: When the study holds no spec (it was not created by ``search run``).
+    """
+    data = study.user_attrs.get("spec")
+    if not isinstance(data, dict):
+        raise ExportError(f"study {study.study_name!r} has no spec (user attribute 'spec'); "
+                          "only studies made by 'python -m search run' can be exported")
+    return parse_spec({**data, "storage": storage}, f"study {study.study_name!r}: spec")
+
+
+def candidates(study: optuna.Study, top_k: int) -> list[Candidate]:
+    """The ``top_k`` best COMPLETE trials with finite values, distinct parameters.
+
+    Raises:
+        ExportError: When the study has no COMPLETE trial.
+    """
+    from optuna.study import StudyDirection
+    from optuna.trial import TrialState
+
+    trials = study.get_trials(deepcopy=False)
+    done = [t for t in trials if t.state == TrialState.COMPLETE and t.value is not None
+            and math.isfinite(t.value)]
+    if not done:
+        counts = {s: sum(t.state.name == s for t in trials) for s in ("PRUNED", "FAIL")}
+        raise ExportError(
+            f"study {study.study_name!r} has no COMPLETE trial to export ({len(trials)} trials: "
+            f"{counts['PRUNED']} pruned, {counts['FAIL']} failed); run more trials first")
+    sign = -1.0 if study.direction == StudyDirection.MAXIMIZE else 1.0
+    done.sort(key=lambda t: (sign * float(t.value or 0.0), t.number))
+    chosen: list[Candidate] = []
+    seen: set[str] = set()
+    for trial in done:
+        key = json.dumps(trial.params, sort_keys=True, default=str)
+        if key in seen:
+            continue
+        seen.add(key)
+        chosen.append(Candidate(trial.number, float(trial.value or 0.0), dict(trial.params),
+                                dict(trial.distributions)))
+        if len(chosen) == top_k:
+            break
+    return chosen
+
+
+def confirmation_seeds(spec: StudySpec, count: int) -> list[int]:
+    """``count`` seeds no search trial used (trial ``n`` trains with ``sampler.seed + n``)."""
+    base = (spec.sampler.seed or 0) + CONFIRM_SEED_OFFSET
+    return [base + j for j in range(count)]
+
+
+def resolved_config(spec: StudySpec, params: Mapping[str, Any]) -> dict[str, Any]:
+    """``fixed`` and ``params``, plus every other knob the trainable reads at its default.
+
+    The defaults come from the trainable module's ``DEFAULTS`` dict when it has one, so the
+    exported config does not depend on defaults that a later version might change.
+    """
+    plain = (str, int, float, bool, type(None))
+    defaults = declarations(spec.trainable).defaults or {}
+    known = {k: v for k, v in defaults.items() if isinstance(v, plain)}
+    return {**known, **spec.fixed, **params}
+
+
+# --- confirmation runs (Ray tasks) ------------------------------------------------------------
+
+
+def _confirm_task(spec_data: dict[str, Any], params: dict[str, Any], seed: int, number: int,
+                  data: Dataset) -> ConfirmRun:
+    """Runs in a Ray worker: one candidate, one seed, every epoch of the budget."""
+    import socket
+
+    import ray
+
+    spec = parse_spec(spec_data)
+    gpu_ids = ray.get_gpu_ids()
+    run = ConfirmRun(number, seed, device=f"cuda ({','.join(map(str, gpu_ids))})" if gpu_ids
+                     else "cpu", node=socket.gethostname())
+    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, int(spec.resources.cpus_per_trial or 1))))
+    start = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="search-confirm-") as folder:
+        try:
+            run.history, run.fail_reason = train_once(
+                spec, params, data, seed=seed, folder=folder, number=number,
+                device="cuda" if gpu_ids else "cpu")
+        except Exception as exc:  # the run fails, the export goes on with the others
+            run.fail_reason = f"{type(exc).__name__}: {one_line(str(exc))}"[:500]
+    run.seconds = time.monotonic() - start
+    return run
+
+
+def record_run(confirm: optuna.Study, run: ConfirmRun, candidate: Candidate, metric: str,
+               export_run: str) -> None:
+    """Adds ``run`` to the confirmation study: COMPLETE (last epoch's metric) or FAIL."""
+    import optuna
+    from optuna.trial import TrialState
+
+    curve = {epoch: row[metric] for epoch, row in enumerate(run.history, start=1)
+             if math.isfinite(row.get(metric, math.nan))}
+    value = run.value(metric)
+    attrs: dict[str, Any] = {
+        "role": ROLE, "source_trial": candidate.number, "seed": run.seed,
+        "export_run": export_run, "epochs": len(run.history), "seconds": round(run.seconds, 3),
+        "device": run.device, "node": run.node,
+    }
+    if run.fail_reason:
+        attrs["fail_reason"] = run.fail_reason
+    if run.history:
+        attrs["final_metrics"] = {k: v for k, v in run.history[-1].items() if math.isfinite(v)}
+    confirm.add_trial(optuna.trial.create_trial(
+        state=TrialState.COMPLETE if value is not None else TrialState.FAIL,
+        value=value, params=candidate.params, distributions=candidate.distributions,
+        user_attrs=attrs, intermediate_values=curve,
+    ))
+
+
+def confirm_study(study: optuna.Study, storage: str) -> optuna.Study:
+    """The study ``<study>-confirm`` in the same storage, created when missing."""
+    import optuna
+
+    confirm = optuna.create_study(
+        study_name=study.study_name + CONFIRM_SUFFIX, storage=open_storage(storage),
+        direction=study.direction, load_if_exists=True,
+    )
+    confirm.set_user_attr("role", ROLE)
+    confirm.set_user_attr("source_study", study.study_name)
+    return confirm
+
+
+def run_confirmation(spec: StudySpec, cands: Sequence[Candidate], seeds: Sequence[int],
+                     confirm: optuna.Study, data: Dataset, address: str | None,
+                     log: Log) -> list[ConfirmRun]:
+    """Trains every candidate with every seed as Ray tasks; records each run as it ends."""
+    import ray
+
+    init_ray(address)
+    task = ray.remote(_confirm_task).options(
+        num_cpus=spec.resources.cpus_per_trial or 1.0,
+        num_gpus=float(spec.resources.gpus_per_trial or 0.0),
+        max_retries=spec.faults.max_failures, name="search-confirm",
+    )
+    data_ref = ray.put(data)
+    spec_data = spec.to_dict() | {"storage": redact(spec.storage)}  # tasks never need it
+    export_run = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
+    by_number = {c.number: c for c in cands}
+    queue = [(c, seed) for c in cands for seed in seeds]
+    total, limit = len(queue), spec.resources.max_concurrent or len(queue)
+    pending: dict[Any, tuple[int, int]] = {}
+    runs: list[ConfirmRun] = []
+    metric = spec.objective.metric
+    while queue or pending:
+        while queue and len(pending) < limit:  # resources.max_concurrent holds here too
+            c, seed = queue.pop(0)
+            config = resolved_config(spec, c.params)
+            pending[task.remote(spec_data, config, seed, c.number, data_ref)] = (c.number, seed)
+        ready, _ = ray.wait(list(pending), num_returns=1)
+        number, seed = pending.pop(ready[0])
+        try:
+            run = ray.get(ready[0])
+        except Exception as exc:  # the worker died (out of memory, killed) or setup failed
+            cause = getattr(exc, "cause", None) or exc
+            last = (str(cause).strip().splitlines() or [""])[-1]
+            run = ConfirmRun(number, seed,
+                             fail_reason=f"{type(cause).__name__}: {one_line(last)[:300]}")
+        record_run(confirm, run, by_number[number], metric, export_run)
+        runs.append(run)
+        value = run.value(metric)
+        shown = f"{metric}={value:.4f}" if value is not None else f"FAIL {run.fail_reason}"
+        log(f"confirm {len(runs):>2}/{total}: trial {number:>3} seed {seed} "
+            f"epochs {len(run.history):>3} {shown} ({run.seconds:.1f} s)")
+    return runs
+
+
+def confirmation_table(cands: Sequence[Candidate], seeds: Sequence[int],
+                       runs: Sequence[ConfirmRun], metric: str, mode: str) -> list[Row]:
+    """One row per candidate, best first: fewest failed runs, then the best mean."""
+    rows = []
+    for c in cands:
+        values = {r.seed: r.value(metric) for r in runs if r.source_trial == c.number}
+        rows.append(Row(c.number, c.value, {s: values.get(s) for s in seeds}, c.params))
+    sign = -1.0 if mode == "max" else 1.0
+    return sorted(rows, key=lambda r: (r.failed, sign * r.mean if r.ok else math.inf,
+                                       r.source_trial))
+
+
+def median_seed(row: Row) -> int:
+    """The seed of the row's median run (the lower median for an even count)."""
+    ok = sorted((v, s) for s, v in row.values.items() if v is not None)
+    return ok[(len(ok) - 1) // 2][1]

@@ -1,0 +1,133 @@
+"""Training one config outside Ray Tune: confirmation runs, the final model, ``train``.
+
+Each run drives the trainable with :func:`search.contract.drive`, the loop Ray trials use,
+with the context :func:`search.run.job.trial_context` builds for a trial of the spec.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Callable, Mapping
+from contextlib import closing
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from search.contract import Epoch, declarations, drive, nonfinite_reason
+from search.errors import SearchError
+from search.run.data import load_data
+from search.run.job import trial_context, trial_job
+
+if TYPE_CHECKING:
+    from search.contract import Dataset
+    from search.spec.schema import StudySpec
+
+Log = Callable[[str], None]
+
+
+class ExportError(SearchError):
+    """The study cannot be exported (no COMPLETE trial, no export hook, every run failed)."""
+
+
+def local_device(spec: StudySpec) -> str:
+    """``cuda`` when the spec asks for GPUs and this process sees one, else ``cpu``."""
+    wanted = spec.resources.gpus_per_trial
+    if wanted != "auto" and not float(wanted or 0) > 0:
+        return "cpu"
+    try:
+        import torch
+
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    except ImportError:
+        pass
+    try:
+        import tensorflow as tf
+
+        return "cuda" if tf.config.list_physical_devices("GPU") else "cpu"
+    except ImportError:
+        return "cpu"
+
+
+def train_once(spec: StudySpec, config: Mapping[str, Any], data: Dataset, *, seed: int,
+               folder: str, number: int = 0, device: str = "cpu",
+               on_epoch: Callable[[Epoch], None] | None = None,
+               ) -> tuple[list[dict[str, float]], str | None]:
+    """Trains ``config`` to the spec's epoch budget in this process, profiling off.
+
+    Returns:
+        Each epoch's numeric metrics, and why the run failed (``None`` when it did not).
+    """
+    ctx = trial_context(trial_job(spec, data), seed=seed, number=number, device=device,
+                        trial_dir=folder, extras={"profile": False})
+    history: list[dict[str, float]] = []
+    reason: str | None = None
+    epochs = declarations(spec.trainable).train(config, data, ctx)
+    with closing(drive(epochs, spec.budget.max_epochs)) as run:
+        for epoch in run:
+            history.append({k: v for k, v in epoch.metrics.items() if isinstance(v, float)})
+            reason = epoch.fail_reason
+            if on_epoch is not None:
+                on_epoch(epoch)
+    return history, reason or (None if history else "the trainable yielded no epoch")
+
+
+def train_spec(spec: StudySpec, out_dir: Path | None = None, log: Log | None = None,
+               history: list[dict[str, float]] | None = None) -> dict[str, float]:
+    """Trains a spec of fixed parameters once, in this process (no Ray), seed ``sampler.seed``.
+
+    With ``out_dir``, the trainable's export hook trains and saves the model there.
+
+    Returns:
+        The last epoch's metrics (and what the export hook adds).
+
+    Raises:
+        ExportError: When the spec still has a search space, or ``out_dir`` is given and the
+            trainable has no export hook, or training failed.
+    """
+    if spec.space:
+        raise ExportError(f"space: train takes a spec of fixed parameters (export's "
+                          f"config.yaml, best.yaml); this one searches {sorted(spec.space)}")
+    config, seed, data = dict(spec.fixed), spec.sampler.seed or 0, load_data(spec.data)
+    history = [] if history is None else history
+    with tempfile.TemporaryDirectory(prefix="search-train-") as folder:
+        if out_dir is None:
+            shown = (lambda e: log(epoch_line(e.number, e.metrics, spec))) if log else None
+            runs, reason = train_once(spec, config, data, seed=seed, folder=folder,
+                                      device=local_device(spec), on_epoch=shown)
+            history.extend(runs)
+            final = dict(runs[-1]) if runs else {}
+        else:
+            final, reason = export_model(spec, config, data, seed, folder, Path(out_dir), history)
+            for number, metrics in enumerate(history, start=1):
+                if log:
+                    log(epoch_line(number, metrics, spec))
+    if reason:
+        raise ExportError(f"training {spec.study!r} failed: {reason}")
+    return {k: float(v) for k, v in final.items()}
+
+
+def export_model(spec: StudySpec, config: Mapping[str, Any], data: Dataset, seed: int,
+                 folder: str, out_dir: Path, history: list[dict[str, float]],
+                 ) -> tuple[dict[str, float], str | None]:
+    """Trains through the export hook, which saves the model into ``out_dir``."""
+    export = declarations(spec.trainable).export
+    if export is None:
+        raise ExportError(no_hook(spec.trainable))
+    ctx = trial_context(trial_job(spec, data), seed=seed, device=local_device(spec),
+                        trial_dir=folder, extras={"profile": False, "history": history})
+    final = export(config, data, ctx, out_dir)
+    reason = nonfinite_reason(final, len(history)) if final else "no epoch trained"
+    return final, reason
+
+
+def epoch_line(epoch: int, metrics: Mapping[str, float], spec: StudySpec) -> str:
+    """``epoch   3 val_accuracy=0.9722 val_loss=0.0950 train_loss=0.1234``."""
+    keys = [spec.objective.metric] + [k for k in ("val_loss", "train_loss")
+                                      if k != spec.objective.metric]
+    shown = " ".join(f"{k}={metrics[k]:.4f}" for k in keys if k in metrics)
+    return f"epoch {epoch:>3} {shown}"
+
+
+def no_hook(trainable: str) -> str:
+    """The one line for a trainable without an export hook."""
+    return (f"trainable {trainable!r} has no export hook: define export(config, data, ctx, "
+            "out_dir) next to its train function (see search/contract/registry.py)")

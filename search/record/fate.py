@@ -1,0 +1,110 @@
+"""What one trial did, and the rules that turn it into a truthful Optuna state.
+
+Pure code, no Ray and no storage: the bridge feeds Ray's results in, and reads the fate out.
+
+The rules:
+    * a non-finite metric or loss, or a trial that raised -> ``FAIL`` with the reason;
+    * stopped by the scheduler before the epoch budget -> ``PRUNED``;
+    * stopped from outside (``budget.time_limit_s``, Ctrl-C) after some epochs -> ``PRUNED``
+      with ``stopped_by``, before its first epoch -> ``FAIL``;
+    * trained to the end, or stopped by its own early-stopping rule -> ``COMPLETE`` with the
+      metric of its last epoch;
+    * never trained an epoch -> ``FAIL`` ("no epoch reported").
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from optuna.trial import TrialState
+
+from search.contract import RESERVED_PREFIX, nonfinite_reason
+
+EPOCH = RESERVED_PREFIX + "epoch"
+DEVICE = RESERVED_PREFIX + "device"
+NODE = RESERVED_PREFIX + "node"
+REPLICAS = RESERVED_PREFIX + "replicas"
+FAIL_REASON = RESERVED_PREFIX + "fail_reason"
+SEED = RESERVED_PREFIX + "seed"
+NUMBER = RESERVED_PREFIX + "trial_number"
+
+
+@dataclass
+class TrialRecord:
+    """Everything the bridge has learned about one running trial."""
+
+    metric: str
+    max_epochs: int
+    curve: dict[int, float] = field(default_factory=dict)
+    last: dict[str, Any] = field(default_factory=dict)
+    pruned: bool = False
+    error: str | None = None
+    errored: bool = False
+    retries: int = 0
+    interrupted: bool = False
+
+    def add(self, result: Mapping[str, Any]) -> tuple[int, float] | None:
+        """Takes one reported result; returns ``(epoch, value)`` if it is a new epoch."""
+        if self.metric not in result:
+            return None
+        epoch = int(result.get(EPOCH, result.get("training_iteration", len(self.curve) + 1)))
+        self.last = dict(result)
+        if epoch in self.curve:
+            return None
+        value = float(result[self.metric])
+        self.curve[epoch] = value
+        return epoch, value
+
+    @property
+    def epochs(self) -> int:
+        """How many epochs the trial trained."""
+        return max(self.curve, default=0)
+
+    def fate(self) -> tuple[TrialState, float | None, str | None]:
+        """The trial's final ``(state, value, fail reason)``."""
+        reason = self.last.get(FAIL_REASON) or self.error
+        if reason is None and self.errored:
+            reason = "the trial raised an error"
+        if reason is None and not self.curve:
+            reason = "ended before its first epoch (time limit or interrupt)"
+        if reason is not None:
+            return TrialState.FAIL, None, str(reason)
+        value = self.curve[self.epochs]
+        if not math.isfinite(value):
+            return TrialState.FAIL, None, nonfinite_reason({self.metric: value}, self.epochs)
+        if (self.pruned or self.interrupted) and self.epochs < self.max_epochs:
+            return TrialState.PRUNED, value, None
+        return TrialState.COMPLETE, value, None
+
+    def user_attrs(self) -> dict[str, Any]:
+        """What the study records about the trial beside its values."""
+        attrs: dict[str, Any] = {
+            "epochs": self.epochs,
+            "seconds": round(float(self.last.get("time_total_s", 0.0)), 3),
+            "retries": self.retries,
+        }
+        if self.interrupted and not self.pruned and self.epochs < self.max_epochs:
+            attrs["stopped_by"] = "time limit or interrupt"
+        for key in (DEVICE, NODE, REPLICAS):
+            if key in self.last:
+                attrs[key.removeprefix(RESERVED_PREFIX)] = self.last[key]
+        return attrs
+
+
+def error_summary(error: BaseException | None) -> str:
+    """One line that says what a trial's exception was (no traceback).
+
+    Ray wraps the trainable's exception; the original is its ``cause`` when there is one.
+    """
+    if error is None:
+        return "the trial raised an error"
+    cause = getattr(error, "cause", None)
+    while cause is not None and getattr(cause, "cause", None) is not None:
+        cause = cause.cause
+    exc = cause if isinstance(cause, BaseException) else error
+    lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
+    text = lines[-1] if lines else ""
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__

@@ -1,0 +1,75 @@
+"""What a run leaves on disk: ``trials.csv`` and ``best.yaml`` under ``results/<study>/``.
+
+``best.yaml`` is itself a spec: the best COMPLETE trial's parameters merged into ``fixed``, an
+empty space, one trial, ASHA off and the seed that trial trained with, so
+``python -m search run results/<study>/best.yaml`` trains that config again.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import yaml
+
+from search.record.storage import redact
+from search.spec.derive import one_trial_spec
+
+if TYPE_CHECKING:
+    import optuna
+    import pandas as pd
+
+    from search.spec.schema import StudySpec
+
+ATTR_COLUMNS = ("epochs", "seconds", "device", "node", "fail_reason", "ray_trial_id")
+
+
+def trials_frame(study: optuna.Study) -> pd.DataFrame:
+    """One row per trial: number, state, value, each parameter, epochs, seconds, and more."""
+    import pandas as pd
+
+    rows = []
+    for trial in study.get_trials(deepcopy=False):
+        row: dict[str, Any] = {
+            "number": trial.number,
+            "state": trial.state.name,
+            "value": trial.value,
+        }
+        row.update({f"param_{k}": v for k, v in trial.params.items()})
+        row.update({k: trial.user_attrs.get(k) for k in ATTR_COLUMNS})
+        rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def state_counts(study: optuna.Study) -> dict[str, int]:
+    """How many trials are in each state, e.g. ``{"COMPLETE": 9, "PRUNED": 20}``."""
+    return dict(Counter(t.state.name for t in study.get_trials(deepcopy=False)))
+
+
+def best_trial(study: optuna.Study) -> optuna.trial.FrozenTrial | None:
+    """The best COMPLETE trial, or ``None`` when there is none."""
+    from optuna.trial import TrialState
+
+    if not study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+        return None
+    return study.best_trial
+
+
+def best_spec(spec: StudySpec, trial: optuna.trial.FrozenTrial) -> dict[str, Any]:
+    """The spec that trains ``trial``'s config again, exactly (same seed)."""
+    seed = (spec.sampler.seed or 0) + trial.number
+    return one_trial_spec(spec, {**spec.fixed, **trial.params}, seed, "-best",
+                          redact(spec.storage))
+
+
+def write_results(study: optuna.Study, spec: StudySpec, results_dir: Path) -> Path:
+    """Writes ``trials.csv`` (and ``best.yaml`` when a trial completed); returns the folder."""
+    out = results_dir / spec.study
+    out.mkdir(parents=True, exist_ok=True)
+    trials_frame(study).to_csv(out / "trials.csv", index=False)
+    best = best_trial(study)
+    if best is not None:
+        text = yaml.safe_dump(best_spec(spec, best), sort_keys=False)
+        (out / "best.yaml").write_text(f"# best trial #{best.number}: {best.value}\n{text}")
+    return out

@@ -1,0 +1,58 @@
+"""Console tables: the end-of-run summary and the ``trials`` listing."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from rich.table import Table
+
+from search.record.queries import best_trial, state_counts, trials_frame
+
+if TYPE_CHECKING:
+    import optuna
+    from rich.console import Console
+
+    from search.run.runner import RunSummary
+
+
+def _fmt(value: object) -> str:
+    if isinstance(value, float):
+        return f"{value:.4g}"
+    return "" if value is None or value != value else str(value)  # NaN -> ""
+
+
+def print_summary(console: Console, study: optuna.Study, summary: RunSummary, folder: Path) -> None:
+    """Best value and params, trial states, wall time and where the files are."""
+    counts = state_counts(study)
+    best = best_trial(study)
+    console.print(f"\n[bold]study[/bold] {study.study_name}  ({summary.storage})")
+    console.print(
+        f"wall time {summary.seconds:.1f} s, {summary.trials_this_run} trials this run; "
+        + ", ".join(f"{counts.get(s, 0)} {s.lower()}" for s in ("COMPLETE", "PRUNED", "FAIL"))
+        + (f", {counts['RUNNING']} running" if counts.get("RUNNING") else "")
+    )
+    if summary.interrupted:
+        numbers = ", ".join(str(n) for n in summary.interrupted)
+        console.print(
+            f"resumed: trials {numbers} were left open by a dead driver (now FAIL, replaced)"
+        )
+    if best is None:
+        console.print("no trial completed")
+    else:
+        console.print(f"best value {best.value:.4f} (trial {best.number})")
+        params = ", ".join(f"{k}={_fmt(v)}" for k, v in best.params.items())
+        console.print(f"best params {params}")
+    console.print(f"results in {folder}/ (trials.csv, best.yaml)")
+
+
+def print_trials(console: Console, study: optuna.Study) -> None:
+    """Every trial of ``study`` as one table row."""
+    frame = trials_frame(study)
+    table = Table(title=f"{study.study_name}: {len(frame)} trials")
+    columns = [c for c in frame.columns if c not in ("ray_trial_id",)]
+    for column in columns:
+        table.add_column(column.removeprefix("param_"), overflow="fold")
+    for row in frame[columns].itertuples(index=False):
+        table.add_row(*(_fmt(v) for v in row))
+    console.print(table)

@@ -1,0 +1,217 @@
+"""The figures of a study's report: optuna's plots, styled by trial state, as plotly and PNG.
+
+    optimization-history   each COMPLETE trial's value and the best so far
+    intermediate-values    learning curves; COMPLETE solid, PRUNED grey dotted, FAIL red dashed,
+                           ASHA's milestones as vertical lines
+    param-importances      which parameters mattered (optuna's default evaluator)
+    parallel-coordinate    parameters against the value
+    slice                  the value against each parameter
+    timeline               when each trial ran, and its state
+
+The PNGs come from ``optuna.visualization.matplotlib`` (plotly's own PNG export needs a
+browser). A figure that cannot be drawn (importances with a single COMPLETE trial, say) is
+replaced by a one-line note in both.
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from search.spec.derive import asha_milestones
+
+if TYPE_CHECKING:
+    import optuna
+    import plotly.graph_objects as go
+
+FIGURES: tuple[tuple[str, str], ...] = (
+    ("optimization-history", "Optimization history"),
+    ("intermediate-values", "Learning curves (intermediate values)"),
+    ("param-importances", "Parameter importances"),
+    ("parallel-coordinate", "Parallel coordinates"),
+    ("slice", "Slice plots"),
+    ("timeline", "Timeline"),
+)
+"""``(id, title)`` of each figure, in page order; the id is the plotly div's and the PNG's name."""
+
+STATE_STYLE = {
+    "COMPLETE": {"dash": "solid", "width": 2.0},
+    "PRUNED": {"color": "rgba(140, 140, 140, 0.55)", "dash": "dot", "width": 1.2},
+    "FAIL": {"color": "rgba(214, 39, 40, 0.85)", "dash": "dash", "width": 1.5},
+}
+LABEL = {"COMPLETE": "complete", "PRUNED": "pruned", "FAIL": "failed"}
+COMPLETE_COLORS = ("#1f77b4", "#2ca02c", "#9467bd", "#17becf", "#8c564b", "#e377c2",
+                   "#bcbd22", "#ff7f0e")
+"""Colors of COMPLETE curves: no red (failed) and no grey (pruned)."""
+
+
+def spec_of(study: optuna.Study) -> dict[str, Any]:
+    """The spec stored on the study (``{}`` when it has none)."""
+    spec = study.user_attrs.get("spec")
+    return spec if isinstance(spec, dict) else {}
+
+
+def milestones(study: optuna.Study) -> list[int]:
+    """ASHA's milestone epochs below ``max_epochs`` (empty when ASHA was off)."""
+    spec = spec_of(study)
+    asha, budget = spec.get("asha", {}), spec.get("budget", {})
+    if not asha.get("enabled", False) or not budget.get("max_epochs"):
+        return []
+    return asha_milestones(float(asha.get("grace_period", 1)),
+                           float(asha.get("reduction_factor", 3)), int(budget["max_epochs"]))
+
+
+def learning_curves(study: optuna.Study) -> go.Figure:
+    """optuna's intermediate-values plot, each trace styled by its trial's state, plus FAIL ones."""
+    import plotly.graph_objects as go
+    from optuna.visualization import plot_intermediate_values
+
+    fig = plot_intermediate_values(study)
+    trials = {t.number: t for t in study.get_trials(deepcopy=False)}
+    complete = 0
+    for trace in fig.data:
+        number = int(str(trace.name).removeprefix("Trial"))
+        state = trials[number].state.name
+        style = dict(STATE_STYLE.get(state, {}))
+        if state == "COMPLETE":
+            style["color"] = COMPLETE_COLORS[complete % len(COMPLETE_COLORS)]
+            complete += 1
+        trace.update(name=f"#{number} {LABEL.get(state, state.lower())}", legendgroup=state,
+                     showlegend=False,
+                     line=dict(style),
+                     marker={"symbol": "x" if state == "PRUNED" else "circle",
+                             "size": 8 if state == "PRUNED" else 5,
+                             **({"color": style["color"]} if "color" in style else {})})
+    for t in trials.values():
+        if t.state.name == "FAIL" and t.intermediate_values:
+            steps = sorted(t.intermediate_values)
+            fig.add_trace(go.Scatter(
+                x=steps, y=[t.intermediate_values[s] for s in steps], mode="lines+markers",
+                name=f"#{t.number} failed", legendgroup="FAIL", showlegend=False,
+                line=STATE_STYLE["FAIL"], marker={"symbol": "x", "size": 6}))
+    shown = {t.state.name for t in trials.values() if t.intermediate_values}
+    for state in ("COMPLETE", "PRUNED", "FAIL"):  # one legend entry per state, not per trial
+        if state in shown:
+            fig.add_trace(go.Scatter(
+                x=[None], y=[None], mode="lines", name=LABEL[state], legendgroup=state,
+                line={"color": COMPLETE_COLORS[0], **STATE_STYLE[state]}))
+    for m in milestones(study):
+        fig.add_vline(x=m, line_dash="dot", line_color="rgba(0,0,0,0.25)",
+                      annotation_text=f"rung {m}", annotation_position="top")
+    metric = spec_of(study).get("objective", {}).get("metric", "value")
+    fig.update_layout(xaxis_title="epoch", yaxis_title=metric, showlegend=True,
+                      title="Learning curves: complete solid, pruned grey dotted, failed red")
+    return fig
+
+
+def plotly_figures(study: optuna.Study) -> dict[str, Any]:
+    """Each of :data:`FIGURES` as a plotly figure (slices: a list, a row of parameters
+    each), or the one-line reason it is missing."""
+    from optuna import visualization as vis
+
+    makers: dict[str, Callable[[], go.Figure]] = {
+        "optimization-history": lambda: vis.plot_optimization_history(study),
+        "intermediate-values": lambda: learning_curves(study),
+        "param-importances": lambda: vis.plot_param_importances(study),
+        "parallel-coordinate": lambda: vis.plot_parallel_coordinate(study),
+        "slice": lambda: slice_rows(study),
+        "timeline": lambda: vis.plot_timeline(study),
+    }
+    return {name: _attempt(makers[name]) for name, _ in FIGURES}
+
+
+SLICES_PER_ROW = 4
+
+
+def slice_rows(study: optuna.Study) -> list[go.Figure]:
+    """Slice plots, :data:`SLICES_PER_ROW` parameters a figure (optuna makes one wide row)."""
+    from optuna.trial import TrialState
+    from optuna.visualization import plot_slice
+
+    done = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+    names = sorted({name for t in done for name in t.params})  # what optuna's slices plot
+    rows = [names[i : i + SLICES_PER_ROW] for i in range(0, len(names), SLICES_PER_ROW)]
+    figures = [plot_slice(study, params=row) for row in rows] if rows else [plot_slice(study)]
+    for figure, row in zip(figures, rows or [[]], strict=False):
+        full = len(row) == SLICES_PER_ROW  # a short last row keeps optuna's panel width
+        figure.update_layout(width=None if full else 300 * max(1, len(row)) + 200,
+                             autosize=full)
+    return figures
+
+
+def _attempt(make: Callable[[], Any]) -> Any:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            return make()
+        except Exception as exc:  # too few trials for this figure, say
+            return f"not drawn: {type(exc).__name__}: {exc}".splitlines()[0]
+
+
+def _png_learning_curves(study: optuna.Study) -> Any:
+    from optuna.visualization.matplotlib import plot_intermediate_values
+
+    ax = plot_intermediate_values(study)
+    states = {t.number: t.state.name for t in study.get_trials(deepcopy=False)}
+    for line in ax.get_lines():
+        label = str(line.get_label())
+        if not label.startswith("Trial"):
+            continue
+        state = states.get(int(label.removeprefix("Trial")), "")
+        if state == "PRUNED":
+            line.set(color="#8c8c8c", linestyle=":", alpha=0.6, marker="x")
+        elif state == "COMPLETE":
+            line.set(linewidth=2.0, alpha=0.95)
+        line.set_label(f"#{label.removeprefix('Trial')} {LABEL.get(state, state.lower())}")
+    for t in study.get_trials(deepcopy=False):
+        if t.state.name == "FAIL" and t.intermediate_values:
+            steps = sorted(t.intermediate_values)
+            ax.plot(steps, [t.intermediate_values[s] for s in steps], color="#d62728",
+                    linestyle="--", marker="x", label=f"#{t.number} failed")
+    for m in milestones(study):
+        ax.axvline(m, color="black", alpha=0.2, linestyle=":")
+    ax.set_xlabel("epoch")
+    ax.set_ylabel(spec_of(study).get("objective", {}).get("metric", "value"))
+    ax.set_title("Learning curves: complete solid, pruned grey dotted, failed red")
+    if len(ax.get_lines()) > 1:
+        ax.legend(bbox_to_anchor=(1.02, 1), loc="upper left", fontsize=7, ncol=1 + len(
+            ax.get_lines()) // 30)
+    return ax
+
+
+def write_pngs(study: optuna.Study, folder: Path) -> dict[str, Path | str]:
+    """Each figure as ``folder/<name>.png`` (matplotlib), or the reason it is missing."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+    from optuna.visualization import matplotlib as vis
+
+    makers: dict[str, Callable[[], Any]] = {
+        "optimization-history": lambda: vis.plot_optimization_history(study),
+        "intermediate-values": lambda: _png_learning_curves(study),
+        "param-importances": lambda: vis.plot_param_importances(study),
+        "parallel-coordinate": lambda: vis.plot_parallel_coordinate(study),
+        "slice": lambda: vis.plot_slice(study),
+        "timeline": lambda: vis.plot_timeline(study),
+    }
+    folder.mkdir(parents=True, exist_ok=True)
+    written: dict[str, Path | str] = {}
+    for name, _ in FIGURES:
+        ax = _attempt(makers[name])
+        if isinstance(ax, str):
+            written[name] = ax
+            continue
+        fig = np.ravel(ax)[0].figure
+        fig.set_size_inches(max(fig.get_size_inches()[0], 9), max(fig.get_size_inches()[1], 5))
+        path = folder / f"{name}.png"
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            fig.savefig(path, dpi=110, bbox_inches="tight")
+        plt.close(fig)
+        written[name] = path
+    plt.close("all")
+    return written

@@ -1,0 +1,191 @@
+"""The bridge between Ray Tune and an Optuna study, keeping the study truthful.
+
+Ray's stock ``OptunaSearch`` is wrong for us in three ways (measured with Ray 2.60 and Optuna
+5.0): trials that ASHA stopped are told COMPLETE; the last epoch of every trial is missing from
+its intermediate values, because Ray only calls ``Searcher.on_trial_result`` for results that do
+not stop the trial; and trials whose metric turns NaN stay RUNNING. So we keep a
+:class:`~search.record.fate.TrialRecord` per trial, take the stopping result from
+``on_trial_complete`` too, learn of ASHA's stops from the scheduler (see
+:mod:`search.run.scheduler`) and of errors from a Tune callback, and tell Optuna once, at the end.
+
+The study itself is the searcher's persistent state, so nothing else is pickled.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from ray.tune import Callback
+from ray.tune.search import Searcher
+
+from search.record.fate import NUMBER, SEED, TrialRecord, error_summary
+from search.record.resume import driver_id
+from search.spec.space import sample
+
+if TYPE_CHECKING:
+    from collections.abc import Mapping
+
+    import optuna
+    from ray.tune.experiment import Trial
+
+    from search.spec.space import Param
+
+
+class OptunaBridge(Searcher):
+    """A Ray Tune searcher that asks an Optuna study for configs and tells it the truth.
+
+    Args:
+        study: The Optuna study (any storage) that proposes and records.
+        space: The define-by-run space, sampled on each new Optuna trial.
+        fixed: Values merged into every config unchanged.
+        metric: The objective metric the trainable reports.
+        mode: ``"min"`` or ``"max"``.
+        max_epochs: The epoch budget: a trial stopped before it was pruned.
+        seed: Base seed; trial ``n`` trains with ``seed + n``.
+
+    Example:
+        >>> bridge = OptunaBridge(study, spec.space, {}, metric="val_accuracy",
+        ...                       mode="max", max_epochs=27)  # doctest: +SKIP
+    """
+
+    def __init__(
+        self,
+        study: optuna.Study,
+        space: Mapping[str, Param],
+        fixed: Mapping[str, Any],
+        *,
+        metric: str,
+        mode: str,
+        max_epochs: int,
+        seed: int = 0,
+    ) -> None:
+        super().__init__(metric=metric, mode=mode)
+        self._study = study
+        self._space = dict(space)
+        self._fixed = dict(fixed)
+        self._max_epochs = max_epochs
+        self._seed = seed
+        self._driver = driver_id()
+        self._live: dict[str, tuple[optuna.Trial, TrialRecord]] = {}
+        self.finished: dict[str, tuple[int, str]] = {}
+        """Ray trial id -> (Optuna trial number, final state name), for callers and tests."""
+
+    def suggest(self, trial_id: str) -> dict[str, Any] | None:
+        trial = self._study.ask()
+        params = sample(trial, self._space)
+        trial.set_user_attr("ray_trial_id", trial_id)
+        trial.set_user_attr("driver", self._driver)
+        self._live[trial_id] = (trial, TrialRecord(self.metric or "", self._max_epochs))
+        return {**self._fixed, **params, SEED: self._seed + trial.number, NUMBER: trial.number}
+
+    def on_trial_result(self, trial_id: str, result: dict[str, Any]) -> None:
+        self._add(trial_id, result)
+
+    def on_trial_complete(
+        self, trial_id: str, result: dict[str, Any] | None = None, error: bool = False
+    ) -> None:
+        if trial_id not in self._live:
+            return
+        if result:
+            self._add(trial_id, result)
+            # Ray marks a result done when the trial ended itself or its scheduler stopped
+            # it; a trial stopped by the time budget (or Ctrl-C) ends on a result that is not.
+            if not error and not result.get("done", False):
+                self._live[trial_id][1].interrupted = True
+        if error:
+            # The error's text arrives just after, through ErrorCallback.on_trial_error.
+            self._live[trial_id][1].errored = True
+            return
+        self._finish(trial_id)
+
+    def mark_pruned(self, trial_id: str) -> None:
+        """Called by the scheduler when it stops a trial before its epoch budget."""
+        if trial_id in self._live:
+            self._live[trial_id][1].pruned = True
+
+    def mark_interrupted(self, trial_id: str) -> None:
+        """Called by the deadline stopper when it cuts a trial short."""
+        if trial_id in self._live:
+            self._live[trial_id][1].interrupted = True
+
+    def record_error(self, trial_id: str, message: str) -> None:
+        """Called by :class:`ErrorCallback` with the one-line summary of a trial's error."""
+        if trial_id in self._live:
+            record = self._live[trial_id][1]
+            record.error, record.errored = message, True
+            self._finish(trial_id)
+
+    def record_retry(self, trial_id: str) -> None:
+        """Called by :class:`ErrorCallback` when Ray retries a trial from its checkpoint."""
+        if trial_id in self._live:
+            self._live[trial_id][1].retries += 1
+
+    def finalize(self) -> None:
+        """Tells every trial still open its fate: errored, or cut off when the study ended."""
+        for trial_id in list(self._live):
+            record = self._live[trial_id][1]
+            record.interrupted = not record.errored
+            self._finish(trial_id)
+
+    def _add(self, trial_id: str, result: Mapping[str, Any]) -> None:
+        trial, record = self._live[trial_id]
+        new = record.add(result)
+        if new is not None:
+            epoch, value = new
+            trial.report(value, step=epoch)
+
+    def _finish(self, trial_id: str) -> None:
+        trial, record = self._live.pop(trial_id)
+        state, value, reason = record.fate()
+        for key, attr in record.user_attrs().items():
+            trial.set_user_attr(key, attr)
+        if reason is not None:
+            trial.set_user_attr("fail_reason", reason)
+        values = value if state.name == "COMPLETE" else None
+        self._study.tell(trial, values, state=state)
+        self.finished[trial_id] = (trial.number, state.name)
+
+    # The Optuna storage is the durable state. Ray pickles the searcher into its experiment
+    # folder (tuner.pkl, searcher checkpoints); the study, and with it a storage URL that may
+    # hold a password, must not go there.
+    def __getstate__(self) -> dict[str, Any]:
+        return {**self.__dict__, "_study": None, "_live": {}}
+
+    def save(self, checkpoint_path: str) -> None:
+        pass
+
+    def restore(self, checkpoint_path: str) -> None:
+        pass
+
+
+class ErrorCallback(Callback):
+    """Hands a failed trial's error, as one line, to the bridge, and counts retries."""
+
+    def __init__(self, bridge: OptunaBridge) -> None:
+        self._bridge = bridge
+
+    def on_trial_error(
+        self, iteration: int, trials: list[Trial], trial: Trial, **info: Any
+    ) -> None:
+        self._bridge.record_error(trial.trial_id, error_summary(_trial_error(trial)))
+
+    def on_trial_recover(
+        self, iteration: int, trials: list[Trial], trial: Trial, **info: Any
+    ) -> None:
+        self._bridge.record_retry(trial.trial_id)
+
+
+def _trial_error(trial: Trial) -> BaseException | None:
+    """The exception Ray just wrote beside the trial (``Trial.get_error`` reads the synced
+    copy in storage, which may not exist yet)."""
+    import cloudpickle
+
+    path = trial.pickled_error_file
+    if not path:
+        return None
+    try:
+        with open(path, "rb") as f:
+            error = cloudpickle.load(f)
+    except (OSError, EOFError, ValueError, AttributeError, ImportError):
+        return None
+    return error if isinstance(error, BaseException) else None

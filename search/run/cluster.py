@@ -1,0 +1,87 @@
+"""The Ray a run uses: a local one it starts, or a cluster it joins (with its token).
+
+Every command that runs trials or tasks (``run``, ``export``) calls :func:`init_ray` once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import sys
+from pathlib import Path
+
+# Tune's per-trial CSV/JSON/TensorBoard loggers cost time on every result and duplicate what
+# the Optuna study records; Tune would also chdir each trial into its own folder, which breaks
+# relative data paths in specs.
+# RAY_AIR_NEW_OUTPUT=0 selects the reporter that honours verbose=0 (our ProgressCallback prints).
+_RAY_ENV = {
+    "TUNE_DISABLE_AUTO_CALLBACK_LOGGERS": "1",
+    "RAY_CHDIR_TO_TRIAL_DIR": "0",
+    "RAY_AIR_NEW_OUTPUT": "0",
+}
+
+
+NUM_CPUS_ENV = "SEARCH_NUM_CPUS"
+NUM_GPUS_ENV = "SEARCH_NUM_GPUS"
+"""Logical CPUs and GPUs of the local Ray a run starts (Ray accepts GPUs a machine lacks:
+placement tests use 4 logical GPUs on a CPU machine); unset: what the machine has."""
+
+
+def init_ray(address: str | None, num_cpus: int | None = None,
+             num_gpus: int | None = None) -> None:
+    """Starts a local Ray (or joins ``address``) unless this process already has one.
+
+    ``num_cpus`` and ``num_gpus`` (else ``$SEARCH_NUM_CPUS`` and ``$SEARCH_NUM_GPUS``) set the
+    local Ray's logical resources; a cluster joined at ``address`` has its own.
+    """
+    import ray
+
+    if num_cpus is None and os.environ.get(NUM_CPUS_ENV):
+        num_cpus = int(os.environ[NUM_CPUS_ENV])
+    if num_gpus is None and os.environ.get(NUM_GPUS_ENV):
+        num_gpus = int(os.environ[NUM_GPUS_ENV])
+
+    os.environ.update({k: v for k, v in _RAY_ENV.items() if k not in os.environ})
+    if ray.is_initialized():
+        return
+    use_cluster_token(address)  # Ray 2.60 clusters want RAY_AUTH_MODE=token from drivers
+    ray.init(
+        address=address,
+        num_cpus=None if address else num_cpus,
+        num_gpus=None if address else num_gpus,
+        include_dashboard=False,
+        logging_level=logging.WARNING,
+        log_to_driver=False,
+        runtime_env={"env_vars": dict(_RAY_ENV)},
+    )
+
+
+def _ray_token_available() -> bool:
+    if os.environ.get("RAY_AUTH_TOKEN"):
+        return True
+    path = os.environ.get("RAY_AUTH_TOKEN_PATH")
+    if path:
+        return Path(path).expanduser().is_file()
+    return (Path.home() / ".ray" / "auth_token").is_file()
+
+
+def use_cluster_token(address: str | None) -> None:
+    """Turns on Ray's token authentication for a driver that joins a cluster.
+
+    ``ray start --head`` (Ray 2.60) turns token authentication on and writes the token to
+    ``~/.ray/auth_token``; a driver joining the cluster must then set ``RAY_AUTH_MODE=token``.
+    When ``RAY_AUTH_MODE`` is unset and a token is at hand (``RAY_AUTH_TOKEN``,
+    ``RAY_AUTH_TOKEN_PATH`` or ``~/.ray/auth_token``), this sets it. A token-mode driver also
+    joins a cluster without authentication, so this is safe either way.
+    """
+    if address in (None, "local") or "RAY_AUTH_MODE" in os.environ:
+        return
+    if not _ray_token_available():
+        return
+    os.environ["RAY_AUTH_MODE"] = "token"
+    if "ray" in sys.modules:  # Ray reads its config once, on import: refresh it as Ray does
+        with contextlib.suppress(ImportError, AttributeError):
+            from ray._raylet import Config  # type: ignore[attr-defined]
+
+            Config.initialize("")

@@ -1,0 +1,170 @@
+"""One trial, several processes: data-parallel training (PyTorch DDP) inside a Tune trial.
+
+When a trial has several workers (``gpus_per_trial: 2`` or more, or ``workers_per_trial: 2``
+on CPU), the trial's Ray actor starts that many worker processes (``python -m
+search.run.distributed``), each with its own end of a socket pair. Every worker runs the same
+trainable generator with ``ctx.extras`` naming its rank and the world size; the trainable
+(the PyTorch built-ins' loop, ``trainables/torch/loop.py``) wraps its model in ``DistributedDataParallel``,
+gives each rank its shard of every global batch and all-reduces the metrics. Rank 0 sends each
+epoch's metrics to the actor and waits until the actor asks for the next epoch, exactly like a
+generator paused at its ``yield``; so Tune, ASHA and the Optuna record see one trial with one
+report per epoch, and the checkpoint rank 0 writes is never overwritten while Tune copies it.
+When ASHA stops the trial (the generator is closed) or a worker fails, the actor kills the
+workers.
+
+Why this and not Ray Train's ``TorchTrainer`` inside the Tune trial: a nested trainer needs
+its own placement group and worker actors per trial, reports through Ray Train's session
+instead of the trial's generator, and does not combine with ``reuse_actors``. Why a new
+interpreter (``python -m``) and not ``torch.multiprocessing.spawn``: spawn re-imports the
+parent's ``__main__``, which in a Ray worker is Ray's own worker script. The processes use
+``CUDA_VISIBLE_DEVICES`` as Ray set it for the actor (rank r trains on the r-th of the trial's
+GPUs, NCCL) or, without GPUs, the gloo backend; they rendezvous through a file store in a
+private temporary folder (no port to race for).
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator, Mapping
+from dataclasses import replace
+from multiprocessing.connection import Connection, wait
+from typing import TYPE_CHECKING, Any
+
+from search.contract import declarations
+
+if TYPE_CHECKING:
+    from search.contract import Dataset, Metrics, TrialContext
+
+DDP_RANK = "ddp_rank"
+"""``ctx.extras`` key: this process's rank (0 reports)."""
+DDP_WORLD = "ddp_world_size"
+"""``ctx.extras`` key: how many processes train the trial."""
+DDP_STORE = "ddp_store"
+"""``ctx.extras`` key: the ``file://`` rendezvous of the trial's process group."""
+FD_ENV = "SEARCH_DDP_FD"
+
+
+def rank_and_world(extras: Mapping[str, Any]) -> tuple[int, int]:
+    """``(rank, world size)`` from a trial's extras; ``(0, 1)`` for a single process."""
+    return int(extras.get(DDP_RANK, 0)), int(extras.get(DDP_WORLD, 1))
+
+
+def _send(conn: Connection, message: tuple[str, Any]) -> None:
+    try:
+        conn.send(message)
+    except (pickle.PicklingError, TypeError, AttributeError):  # an exception that won't pickle
+        kind, payload = message
+        conn.send((kind, RuntimeError(f"{type(payload).__name__}: {payload}")))
+
+
+class WorkerLost(RuntimeError):
+    """A training process of the trial died without saying why (killed, crashed)."""
+
+
+def data_parallel(trainable: str, params: Mapping[str, Any], data: Dataset,
+                  ctx: TrialContext, workers: int) -> Iterator[Metrics]:
+    """Trains one trial with ``workers`` processes; yields rank 0's metrics once per epoch.
+
+    Closing the generator (ASHA stopped the trial) kills the processes.
+    """
+    folder = tempfile.mkdtemp(prefix="search-ddp-")
+    extras = {**ctx.extras, DDP_WORLD: workers, DDP_STORE: f"file://{folder}/store"}
+    path = dict.fromkeys(os.path.abspath(p or ".") for p in sys.path)  # what this process imports
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(path)}
+    procs: list[subprocess.Popen[bytes]] = []
+    conns: list[Connection] = []
+    try:
+        for rank in range(workers):
+            ours, theirs = socket.socketpair()
+            child_env = {**env, FD_ENV: str(theirs.fileno())}
+            procs.append(subprocess.Popen(
+                [sys.executable, "-m", "search.run.distributed"], env=child_env,
+                pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL))
+            theirs.close()
+            conns.append(Connection(ours.detach()))
+            rank_ctx = replace(
+                ctx, extras={**extras, DDP_RANK: rank,
+                             **({} if rank == 0 else {"profile": False})},
+                checkpoint_dir=ctx.checkpoint_dir if rank == 0 else None)
+            conns[rank].send((trainable, dict(params), data, rank_ctx))
+        done: set[int] = set()
+        while len(done) < workers:
+            # A process that dies closes its socket: wait() wakes and recv() raises EOFError.
+            waiting = [c for r, c in enumerate(conns) if r not in done]
+            for rank in sorted(conns.index(c) for c in wait(waiting)):  # type: ignore[arg-type]
+                conn = conns[rank]
+                try:
+                    kind, payload = conn.recv()
+                except (EOFError, OSError):
+                    code = procs[rank].wait()
+                    raise WorkerLost(
+                        f"training process {rank} of {workers} exited with status {code}"
+                    ) from None
+                if kind == "error":
+                    raise payload if isinstance(payload, BaseException) else RuntimeError(payload)
+                if kind == "done":
+                    done.add(rank)
+                elif kind == "epoch":
+                    yield payload
+                    conn.send("next")
+    finally:
+        for conn in conns:
+            conn.close()
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+        for proc in procs:
+            proc.wait()
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def _worker(conn: Connection) -> None:
+    """One training process: join the group, run the generator, report (rank 0).
+
+    Every error, from joining the group to the last epoch, goes to the actor as it is."""
+    trainable, params, data, ctx = conn.recv()
+    rank, world = rank_and_world(ctx.extras)
+    try:
+        import torch
+        import torch.distributed as dist
+
+        cuda = ctx.device.startswith("cuda")
+        if cuda:
+            torch.cuda.set_device(rank)
+        dist.init_process_group("nccl" if cuda else "gloo", init_method=ctx.extras[DDP_STORE],
+                                rank=rank, world_size=world)
+        try:
+            for metrics in declarations(trainable).train(params, data, ctx):
+                if rank == 0:
+                    _send(conn, ("epoch", metrics))
+                    if conn.recv() != "next":
+                        return
+            _send(conn, ("done", None))
+        finally:
+            dist.destroy_process_group()
+    except BaseException as exc:
+        _send(conn, ("error", exc))
+        raise
+
+
+def main() -> None:
+    """Entry point of ``python -m search.run.distributed`` (started by :func:`data_parallel`)."""
+    conn = Connection(int(os.environ[FD_ENV]))
+    try:
+        _worker(conn)
+    except BaseException:
+        time.sleep(0.1)  # let the error message leave before the socket closes
+        sys.exit(1)
+    finally:
+        conn.close()
+
+
+if __name__ == "__main__":
+    main()

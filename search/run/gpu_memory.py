@@ -1,0 +1,171 @@
+"""GPU memory of packed trials: measure the largest config, retry a trial that ran out.
+
+For ``gpus_per_trial: auto`` on GPUs, :func:`measure` runs a few training steps of the
+space's largest config (:func:`largest_config`: every number at its upper bound, so the
+largest batch; fp32; the optimizer with most state) as a Ray task on one GPU and reads the
+peak memory PyTorch's caching allocator reserved; :func:`search.run.placement.pack` turns that
+into trials per GPU. A packed trial that still runs out of memory is retried by Tune with
+twice its GPU share (:class:`OomRetry`), which the worker turns into a larger memory cap
+(:func:`search.run.placement.share_extras`).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from contextlib import closing
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from ray.tune import Callback
+
+from search.contract import declarations, drive
+from search.run.job import TrialJob, trial_context
+from search.run.placement import GPU_MEMORY_FRACTION, Measurement, grow_share
+from search.spec.space import is_active, order
+
+if TYPE_CHECKING:
+    from ray.tune.experiment import Trial
+
+    from search.contract import Dataset
+    from search.spec.schema import StudySpec
+    from search.spec.space import Param
+
+_log = logging.getLogger(__name__)
+
+MAX_STEPS = "max_steps"
+"""``ctx.extras`` key: train at most this many batches per epoch (the measurement only)."""
+MEASURE_STEPS = 3
+MEASURE_TIMEOUT_S = 600.0
+OOM_RETRIES = 2
+"""Tune retries a packed trial at least this often (each retry doubles its GPU share)."""
+
+_OOM_MARKERS = ("OutOfMemoryError", "CUDA out of memory", "RESOURCE_EXHAUSTED",
+                "OOM when allocating", "out of memory")
+
+
+# ---- the largest config and its measurement (needs CUDA) ---------------------------------
+
+_HEAVIEST = {"precision": ("fp32",), "optimizer": ("adamw", "adam"), "cell": ("lstm",)}
+"""Choices known to take the most memory; other string choices take their first value."""
+
+
+def _largest(name: str, param: Param) -> Any:
+    kind = param.kind
+    if kind in ("uniform", "loguniform", "int"):
+        bounds = param.uniform or param.loguniform or param.int_
+        return bounds[1] if bounds else None
+    if kind == "fixed":
+        return param.fixed
+    values = list(param.choice or [])
+    numbers = [v for v in values if isinstance(v, int | float) and not isinstance(v, bool)]
+    if numbers and len(numbers) == len(values):
+        return max(numbers)
+    for preferred in _HEAVIEST.get(name, ()):
+        if preferred in values:
+            return preferred
+    return values[0]
+
+
+def largest_config(space: Mapping[str, Param], fixed: Mapping[str, Any]) -> dict[str, Any]:
+    """The config of ``space`` that takes the most memory, as far as names tell: every number
+    at its upper bound (batch size, widths, layers), fp32, the optimizer with most state.
+
+    Example:
+        >>> from search.spec.space import Param
+        >>> largest_config({"batch_size": Param(choice=[32, 256]),
+        ...                 "precision": Param(choice=["bf16", "fp32"]),
+        ...                 "momentum": Param(uniform=(0.8, 0.9), when={"optimizer": "sgd"}),
+        ...                 "optimizer": Param(choice=["sgd", "adam"])}, {"channels": 16})
+        {'channels': 16, 'batch_size': 256, 'precision': 'fp32', 'optimizer': 'adam'}
+    """
+    params: dict[str, Any] = {}
+    for name in order(space):
+        if is_active(space[name], params):
+            params[name] = _largest(name, space[name])
+    return {**fixed, **params}
+
+
+def measure_peak(trainable: str, config: Mapping[str, Any], data: Dataset,
+                 extras: Mapping[str, Any], steps: int = MEASURE_STEPS) -> Measurement | None:
+    """Peak GPU memory of ``steps`` training steps of ``config`` (runs where a GPU is).
+
+    Returns None without CUDA, or when the trainable allocates nothing through PyTorch (a
+    TensorFlow trainable: it then gets one trial per GPU).
+    """
+    try:
+        import torch
+    except ImportError:
+        return None
+    if not torch.cuda.is_available():
+        return None
+    job = TrialJob(trainable, max_epochs=1, extras=extras)
+    ctx = trial_context(job, seed=0, device="cuda",
+                        extras={MAX_STEPS: steps, GPU_MEMORY_FRACTION: None})
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()
+    with closing(drive(declarations(trainable).train(config, data, ctx), max_epochs=1)) as run:
+        next(run, None)
+    torch.cuda.synchronize()
+    peak = int(torch.cuda.max_memory_reserved())
+    if peak <= 0:
+        return None
+    props = torch.cuda.get_device_properties(torch.cuda.current_device())
+    return Measurement(peak, int(props.total_memory), str(props.name))
+
+
+def measure(spec: StudySpec, data: Dataset, extras: Mapping[str, Any]) -> Measurement | None:
+    """Runs :func:`measure_peak` of the space's largest config as a Ray task on one GPU.
+
+    Returns None (one trial per GPU) when the measurement fails or times out.
+    """
+    import ray
+
+    config = largest_config(spec.space, spec.fixed)
+    # max_calls=1: the worker exits after the task, and its CUDA context with it
+    task = ray.remote(num_gpus=1, num_cpus=1, max_retries=0, max_calls=1)(measure_peak)
+    try:
+        return ray.get(task.remote(spec.trainable, config, data, dict(extras)),
+                       timeout=MEASURE_TIMEOUT_S)
+    except Exception as exc:  # a failed measurement must not fail the study
+        _log.warning("gpus_per_trial auto: measuring the largest config failed (%s); "
+                     "one trial per GPU", str(exc).splitlines()[0] if str(exc) else exc)
+        return None
+
+
+# ---- retry with a larger share when a packed trial runs out of memory ------------------
+
+def out_of_memory(text: str) -> bool:
+    """Whether an error's text says the GPU ran out of memory (PyTorch or TensorFlow)."""
+    return any(marker in text for marker in _OOM_MARKERS)
+
+
+def _last_error(trial: Trial) -> str:
+    path = getattr(trial, "error_file", None)
+    if not path or not Path(path).is_file():
+        return ""
+    text = Path(path).read_text(errors="replace")
+    return text.rsplit("Failure # ", 1)[-1]
+
+
+class OomRetry(Callback):
+    """Before Tune retries a trial that ran out of GPU memory, doubles its GPU share.
+
+    Tune calls ``on_trial_recover`` once the failed trial is PENDING again; its resources may
+    then change, and the retry starts (from its last checkpoint) in a new actor with the larger
+    share, which the worker turns into a larger memory cap (:func:`share_extras`).
+    """
+
+    def on_trial_recover(self, iteration: int, trials: list[Trial], trial: Trial,
+                         **info: Any) -> None:
+        if not out_of_memory(_last_error(trial)):
+            return
+        factory = trial.placement_group_factory
+        required: dict[str, float] = dict(factory.required_resources) if factory else {}
+        share = float(required.get("GPU", 0.0))
+        if not 0 < share < 1:
+            return
+        bigger = grow_share(share)
+        trial.update_resources({"cpu": float(required.get("CPU", 1.0)), "gpu": bigger})
+        _log.warning("trial %s ran out of GPU memory at %.4g of a GPU; retrying with %.4g",
+                     trial.trial_id, share, bigger)

@@ -1,0 +1,179 @@
+"""Runs a study: wires spec, study, sampler, bridge, scheduler and Ray Tune, then fits.
+
+Data flow of one trial: the bridge asks the study for a trial and samples the space on it;
+Ray starts (or reuses) an actor that runs :func:`search.run.worker.run_trial`; every epoch the
+trainable yields becomes one Tune report; ASHA reads it and may stop the trial; the bridge
+records it as an intermediate value; when the trial ends the bridge tells the study its fate.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from search.contract import declarations
+from search.record.resume import earlier_curves, recover
+from search.record.samplers import grid_size
+from search.record.storage import redact
+from search.record.study import open_study
+from search.record.writeback import WriteBehindStorage
+from search.run.bridge import ErrorCallback, OptunaBridge
+from search.run.cluster import init_ray
+from search.run.data import load_data
+from search.run.gpu_memory import OOM_RETRIES, OomRetry, measure
+from search.run.job import trial_extras, trial_job
+from search.run.placement import Placement, resolve
+from search.run.progress import ProgressCallback
+from search.run.scheduler import DeadlineStopper, PruneReportingASHA, build_scheduler
+from search.run.worker import run_trial
+from search.spec.derive import asha_milestones
+
+if TYPE_CHECKING:
+    from ray.tune import Callback
+
+    from search.contract import Dataset
+    from search.spec.schema import StudySpec
+
+@dataclass(frozen=True)
+class RunOptions:
+    """How to run (not what to search): where Ray is, where files go, how loud."""
+
+    results_dir: Path = Path("results")
+    address: str | None = None
+    verbose: int = 0
+    progress: bool = True
+    restart: bool = False
+    callbacks: Sequence[Callback] = ()
+
+
+@dataclass(frozen=True)
+class RunSummary:
+    """What a finished run reports."""
+
+    study_name: str
+    storage: str
+    seconds: float
+    trials_this_run: int
+    interrupted: tuple[int, ...] = ()
+    """Trials an earlier, dead driver left open, now FAIL and replaced."""
+
+
+def place(spec: StudySpec, data: Dataset) -> Placement:
+    """Resolves the spec's ``resources`` on the cluster Ray runs (:mod:`search.run.placement`);
+    ``gpus_per_trial: auto`` on GPUs first measures the largest config on one GPU."""
+    import ray
+
+    res, cluster = spec.resources, ray.cluster_resources()
+    measured = None
+    if res.gpus_per_trial == "auto" and cluster.get("GPU", 0) > 0:
+        measured = measure(spec, data, trial_extras(spec, data))
+    several = (res.workers_per_trial or 1) > 1 or (
+        res.gpus_per_trial != "auto" and res.gpus_per_trial >= 2)
+    mode = declarations(spec.trainable).data_parallel if several else None
+    return resolve(res, cluster, measured, data_parallel=mode)
+
+
+def _deadline(spec: StudySpec, bridge: OptunaBridge) -> DeadlineStopper | None:
+    if spec.budget.time_limit_s is None:
+        return None
+    return DeadlineStopper(spec.budget.time_limit_s, bridge.mark_interrupted)
+
+
+def _progress(spec: StudySpec, bridge: OptunaBridge, options: RunOptions) -> list[Callback]:
+    if not options.progress:
+        return []
+    objective, budget, asha = spec.objective, spec.budget, spec.asha
+    rungs = (asha_milestones(asha.grace_period, asha.reduction_factor, budget.max_epochs)
+             if asha.enabled else [])
+    return [ProgressCallback(bridge, objective.metric, objective.mode, budget.trials,
+                             milestones=rungs, max_epochs=budget.max_epochs,
+                             time_limit_s=budget.time_limit_s)]
+
+
+def run_study(spec: StudySpec, options: RunOptions = RunOptions()) -> RunSummary:
+    """Runs ``spec`` to the end of its budget and returns a summary.
+
+    Every trial this run started is COMPLETE, PRUNED or FAIL in the study when this returns.
+    """
+    import optuna
+    from ray import tune
+    from ray.tune.search import ConcurrencyLimiter
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    start = time.monotonic()
+    study = open_study(spec, restart=options.restart)
+    recovery = recover(study)
+    budget = min(spec.budget.trials, grid_size(spec) or spec.budget.trials) - recovery.counted
+    if budget <= 0:
+        return RunSummary(spec.study, redact(spec.storage), 0.0, 0, recovery.interrupted)
+    init_ray(options.address)
+    # Trial writes (attributes, intermediate values, final state) leave Tune's loop: a
+    # background thread commits them in order (search/writeback.py, README "Performance").
+    storage = WriteBehindStorage(study._storage)
+    study = optuna.Study(study_name=spec.study, storage=storage, sampler=study.sampler)
+    if options.verbose == 0:  # trial errors reach the study and the console as one line each
+        logging.getLogger("ray.tune").setLevel(logging.CRITICAL)
+    data = load_data(spec.data)
+    placement = place(spec, data)
+    if options.progress and placement.note:
+        print(placement.note, file=sys.stderr)
+    bridge = OptunaBridge(
+        study,
+        spec.space,
+        spec.fixed,
+        metric=spec.objective.metric,
+        mode=spec.objective.mode,
+        max_epochs=spec.budget.max_epochs,
+        seed=spec.sampler.seed or 0,
+    )
+    job = trial_job(spec, data, placement)
+    scheduler = build_scheduler(spec, bridge.mark_pruned)
+    if isinstance(scheduler, PruneReportingASHA):
+        scheduler.restore_rungs(earlier_curves(study))
+    trainable = tune.with_resources(
+        tune.with_parameters(run_trial, job=job, data=data), placement.ray_resources
+    )
+    packed = 0 < placement.gpus_per_trial < 1  # an out-of-memory trial retries with more GPU
+    max_failures = max(spec.faults.max_failures, OOM_RETRIES if packed else 0)
+    tuner = tune.Tuner(
+        trainable,
+        tune_config=tune.TuneConfig(
+            search_alg=ConcurrencyLimiter(bridge, max_concurrent=placement.concurrency),
+            scheduler=scheduler,
+            num_samples=budget,
+            reuse_actors=True,
+        ),
+        run_config=tune.RunConfig(
+            name=spec.study,
+            storage_path=str((options.results_dir / "ray").resolve()),
+            callbacks=[
+                ErrorCallback(bridge),
+                *([OomRetry()] if packed else []),
+                *_progress(spec, bridge, options),
+                *options.callbacks,
+            ],
+            verbose=options.verbose,
+            stop=_deadline(spec, bridge),
+            failure_config=tune.FailureConfig(max_failures=max_failures),
+            checkpoint_config=tune.CheckpointConfig(num_to_keep=1),
+        ),
+    )
+    try:
+        tuner.fit()
+    finally:
+        try:
+            bridge.finalize()
+        finally:
+            storage.close()
+    return RunSummary(
+        study_name=spec.study,
+        storage=redact(spec.storage),
+        seconds=time.monotonic() - start,
+        trials_this_run=len(bridge.finished),
+        interrupted=recovery.interrupted,
+    )

@@ -1,0 +1,120 @@
+"""What runs inside a Ray trial: drive a trainable's generator, one Tune report per epoch.
+
+This is the only code that runs in the trial's process. It resolves the trainable (imported
+once per reused actor, not once per trial), builds the trial's context (its seed, threads,
+device and GPU share; the trainable seeds its own generators from ``ctx.seed``), turns the
+state the trainable saves each epoch into a Tune checkpoint (so a retried trial resumes where
+it failed), and stops the trial itself at the first NaN or infinite metric, so ASHA never has
+to run a diverged trial to the end.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import tempfile
+from collections.abc import Mapping
+from contextlib import closing
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from search.contract import RESERVED_PREFIX, TrialContext, declarations, drive
+from search.record.fate import DEVICE, EPOCH, FAIL_REASON, NODE, NUMBER, REPLICAS, SEED
+from search.run.distributed import data_parallel
+from search.run.job import TrialJob, trial_context
+from search.run.placement import share_extras
+
+if TYPE_CHECKING:
+    from search.contract import Dataset
+
+EPOCH_FILE = "search_epoch.json"
+"""Written by the worker into every checkpoint: the epoch it holds."""
+
+
+def _placement() -> tuple[str, str]:
+    """The trial's device (``cpu`` or ``cuda`` with Ray's GPU ids) and Ray node."""
+    import ray
+
+    gpu_ids = ray.get_gpu_ids()
+    device = f"cuda ({','.join(str(i) for i in gpu_ids)})" if gpu_ids else "cpu"
+    node = ray.get_runtime_context().get_node_id()[:12]
+    return device, f"{socket.gethostname()}/{node}"
+
+
+def _restored() -> tuple[str | None, int]:
+    """The folder of the checkpoint Tune restored (if any) and the epoch it holds."""
+    from ray import tune
+
+    checkpoint = tune.get_checkpoint()
+    if checkpoint is None:
+        return None, 0
+    folder = tempfile.mkdtemp(prefix="search-restore-")
+    checkpoint.to_directory(folder)
+    epoch = json.loads((Path(folder) / EPOCH_FILE).read_text())["epoch"]
+    return folder, int(epoch)
+
+
+def _gpu_share() -> float | None:
+    """The share of a GPU Ray holds for this trial now (a retry may hold more than planned)."""
+    from ray import tune
+
+    resources = tune.get_context().get_trial_resources()
+    share = getattr(resources, "required_resources", {}).get("GPU")
+    return float(share) if share else None
+
+
+def _context(config: Mapping[str, Any], job: TrialJob, device: str) -> TrialContext:
+    from ray import tune
+
+    restore_dir, done = _restored()
+    share = _gpu_share() if device != "cpu" else None
+    return trial_context(
+        job, seed=int(config.get(SEED, 0)), number=int(config.get(NUMBER, 0)), device=device,
+        trial_dir=tune.get_context().get_trial_dir() or ".",
+        extras=share_extras(job.extras, share),
+        checkpoint_dir=tempfile.mkdtemp(prefix="search-ckpt-") if job.checkpoints else None,
+        restore_dir=restore_dir, start_epoch=done + 1,
+    )
+
+
+def _checkpoint(ctx: TrialContext, epoch: int) -> Any:
+    """The epoch's Tune checkpoint, when the trainable saved state into ``checkpoint_dir``."""
+    from ray import tune
+
+    folder = ctx.checkpoint_dir
+    if folder is None or not any(p.name != EPOCH_FILE for p in Path(folder).iterdir()):
+        return None
+    (Path(folder) / EPOCH_FILE).write_text(json.dumps({"epoch": epoch}))
+    return tune.Checkpoint.from_directory(folder)
+
+
+def run_trial(config: dict[str, Any], job: TrialJob, data: Dataset) -> None:
+    """The Ray Tune function trainable: one ``tune.report`` per epoch the trainable yields."""
+    from ray import tune
+
+    os.environ.setdefault("OMP_NUM_THREADS", str(job.num_threads))
+    train = declarations(job.trainable).train
+    device, node = _placement()
+    ctx = _context(config, job, device)
+    params = {k: v for k, v in config.items() if not k.startswith(RESERVED_PREFIX)}
+    if job.workers > 1:
+        epochs = data_parallel(job.trainable, params, data, ctx, job.workers)
+    else:
+        epochs = train(params, data, ctx)
+    planned = job.workers * int(job.extras.get("replicas") or 1)
+    try:
+        with closing(drive(epochs, job.max_epochs, start=ctx.start_epoch)) as run:
+            for epoch in run:
+                replicas = int(epoch.metrics.get("replicas", planned))  # what it really used
+                report = {**epoch.metrics, EPOCH: epoch.number, DEVICE: device, NODE: node,
+                          REPLICAS: replicas}
+                if epoch.fail_reason:
+                    report[FAIL_REASON] = epoch.fail_reason
+                checkpoint = None if epoch.fail_reason else _checkpoint(ctx, epoch.number)
+                tune.report(report, checkpoint=checkpoint)
+    finally:
+        for folder in (ctx.checkpoint_dir, ctx.restore_dir):
+            if folder:
+                shutil.rmtree(folder, ignore_errors=True)

@@ -1,0 +1,67 @@
+"""Specs and numbers derived from a spec: one-trial specs, ASHA's milestone epochs."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from search.spec.schema import StudySpec
+
+
+def one_trial_spec(spec: StudySpec, fixed: Mapping[str, Any], seed: int, suffix: str,
+                   storage: str) -> dict[str, Any]:
+    """A spec that trains ``fixed`` once with ``seed`` (``best.yaml``, an export's
+    ``config.yaml``): no space, one trial, no time limit, ASHA and profiling off.
+
+    Args:
+        spec: The study's spec.
+        fixed: Every parameter of the trial.
+        seed: The sampler seed, which is the trial's training seed (trial 0).
+        suffix: Appended to the study's name.
+        storage: The storage URL to write, already redacted by the caller.
+    """
+    data = spec.to_dict()
+    data["study"] = f"{spec.study}{suffix}"
+    data["fixed"] = dict(fixed)
+    data["space"] = {}
+    data["budget"] = {k: v for k, v in data["budget"].items() if k != "time_limit_s"}
+    data["budget"]["trials"] = 1
+    data["asha"] = {**data["asha"], "enabled": False}
+    data["sampler"] = {"name": "random", "seed": seed}
+    data["storage"] = storage
+    data.pop("profile", None)
+    data.pop("profile_trial", None)
+    return data
+
+
+def ray_milestones(grace_period: float, reduction_factor: float, max_epochs: float) -> list[float]:
+    """The rungs of Ray's ASHA bracket, exactly as Ray computes them, smallest first.
+
+    Example:
+        >>> ray_milestones(1, 2.5, 9)
+        [1.0, 2.5, 6.25]
+    """
+    import numpy as np  # the same float arithmetic as Ray's own _Bracket
+
+    count = int(np.log(max_epochs / grace_period) / np.log(reduction_factor) + 1)
+    return [float(grace_period * reduction_factor**k) for k in range(count)]
+
+
+def rung_epoch(milestone: float) -> int:
+    """The epoch whose result Ray records at ``milestone``: the first one at or past it."""
+    return math.ceil(milestone)
+
+
+def asha_milestones(grace_period: float, reduction_factor: float, max_epochs: int) -> list[int]:
+    """ASHA's milestone epochs below ``max_epochs`` (Ray's rungs, as epochs).
+
+    Example:
+        >>> asha_milestones(1, 3, 27)
+        [1, 3, 9]
+        >>> asha_milestones(1, 2.5, 9)
+        [1, 3, 7]
+    """
+    epochs = {rung_epoch(m) for m in ray_milestones(grace_period, reduction_factor, max_epochs)}
+    return sorted(e for e in epochs if e < max_epochs)

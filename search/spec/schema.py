@@ -1,0 +1,294 @@
+"""The study spec: one YAML file, validated once, at the boundary.
+
+Example:
+    >>> spec = StudySpec.model_validate({
+    ...     "study": "demo", "trainable": "torch_cnn",
+    ...     "objective": {"metric": "val_accuracy", "mode": "max"},
+    ...     "space": {"lr": {"loguniform": [1e-4, 1e-1]}},
+    ... })
+    >>> spec.budget.trials
+    32
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+
+from search.contract import UnknownTrainableError, check_trainable
+from search.errors import SpecError
+from search.spec.space import Param, check_space, grid
+
+DEFAULT_STORAGE = "sqlite:///results/optuna.db"
+_FIELD_PREFIX = re.compile(r"^[A-Za-z_][\w.]*: ")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class DataSpec(_Strict):
+    """Which data to train on and how to split it.
+
+    ``digits`` is scikit-learn's 8x8 handwritten digits (shipped offline). ``image_folder``
+    is a folder with one subfolder of images per class; each trainable reads it with its
+    framework's own reader, so ``path`` must exist on every node that runs trials.
+    """
+
+    name: Literal["digits", "image_folder"] = "digits"
+    path: str | None = None
+    image_size: int | None = Field(None, ge=8, le=1024)
+    val_fraction: float = Field(0.2, gt=0.0, lt=1.0)
+    split_seed: int = 0
+
+    @model_validator(mode="after")
+    def _path_when_needed(self) -> DataSpec:
+        if self.name == "image_folder" and not self.path:
+            raise ValueError("data.path: image_folder needs the folder's path")
+        if self.name == "digits" and self.path:
+            raise ValueError("data.path: digits ship with scikit-learn; remove path")
+        return self
+
+
+class ObjectiveSpec(_Strict):
+    """The metric that the trainable reports and the search optimizes."""
+
+    metric: str = Field(min_length=1)
+    mode: Literal["min", "max"]
+
+
+class BudgetSpec(_Strict):
+    """How much the study may spend."""
+
+    trials: int = Field(32, ge=1)
+    max_epochs: int = Field(27, ge=1)
+    time_limit_s: float | None = Field(None, gt=0)
+
+
+class AshaSpec(_Strict):
+    """Asynchronous successive halving across the whole study."""
+
+    enabled: bool = True
+    grace_period: int = Field(1, ge=1)
+    reduction_factor: float = Field(3, ge=2)
+
+
+class SamplerSpec(_Strict):
+    """Optuna's sampler: how the next config is proposed."""
+
+    name: Literal["tpe", "random", "cmaes", "grid"] = "tpe"
+    seed: int | None = 0
+
+
+class ResourcesSpec(_Strict):
+    """What each trial gets, and how many run at once (see :mod:`search.run.placement`).
+
+    ``cpus_per_trial``: unset means 1, or under ``gpus_per_trial: auto`` the machine's cores
+    shared among the trials that run at once. ``gpus_per_trial``: a fraction packs trials onto
+    one GPU, 1 or more (whole numbers) gives each trial whole GPUs, ``auto`` measures the
+    largest config and packs as many trials per GPU as fit (CPUs only when there is no GPU).
+    ``workers_per_trial``: devices that train one trial data-parallel (DDP processes for
+    PyTorch, ``MirroredStrategy`` replicas for TensorFlow); defaults to ``gpus_per_trial`` when
+    that is 2 or more; on CPUs it forces gloo processes, or logical CPU devices for TF.
+    ``memory_headroom``: share added to the measured peak memory when ``auto`` packs.
+    """
+
+    cpus_per_trial: float | None = Field(None, gt=0)
+    gpus_per_trial: float | Literal["auto"] = 0.0
+    max_concurrent: int | None = Field(None, ge=1)
+    workers_per_trial: int | None = Field(None, ge=1, le=64)
+    memory_headroom: float = Field(0.25, ge=0.0, le=4.0)
+
+    @field_validator("gpus_per_trial", mode="before")
+    @classmethod
+    def _gpus(cls, value: Any) -> Any:
+        if value == "auto":
+            return value
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ValueError(f"expected a number >= 0 or 'auto', got {value!r}")
+        if value < 0 or (value > 1 and value != int(value)):
+            raise ValueError(
+                f"expected a fraction up to 1, a whole number of GPUs, or 'auto', got {value!r}"
+            )
+        return float(value)
+
+    @field_validator("workers_per_trial")
+    @classmethod
+    def _workers_fit(cls, workers: int | None, info: ValidationInfo) -> int | None:
+        gpus = info.data.get("gpus_per_trial", 0.0)
+        if workers is None or workers == 1 or gpus is None:
+            return workers
+        if gpus == "auto" or 0 < gpus < 1:
+            raise ValueError(
+                f"several workers need whole GPUs (or none), not gpus_per_trial {gpus}"
+            )
+        if gpus >= 1 and workers != int(gpus):
+            raise ValueError(
+                f"each worker trains on one of the trial's {int(gpus)} GPUs; set {int(gpus)} or "
+                f"leave it out, got {workers}"
+            )
+        return workers
+
+
+class FaultsSpec(_Strict):
+    """What happens when a trial raises: retried from its last checkpoint, then FAIL."""
+
+    max_failures: int = Field(2, ge=0)
+    checkpoints: bool = True
+
+
+class StudySpec(_Strict):
+    """A whole study: what to train, on what, how to search and where to record it."""
+
+    study: str = Field(min_length=1, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+    trainable: str
+    data: DataSpec = DataSpec()
+    objective: ObjectiveSpec
+    budget: BudgetSpec = BudgetSpec()
+    asha: AshaSpec = AshaSpec()
+    sampler: SamplerSpec = SamplerSpec()
+    resources: ResourcesSpec = ResourcesSpec()
+    faults: FaultsSpec = FaultsSpec()
+    profile: bool = False
+    profile_trial: int = Field(0, ge=0)
+    storage: str = DEFAULT_STORAGE
+    fixed: dict[str, Any] = {}
+    space: dict[str, Param] = {}
+
+    @field_validator("trainable")
+    @classmethod
+    def _known_trainable(cls, value: str) -> str:
+        try:
+            check_trainable(value)
+        except UnknownTrainableError as exc:
+            raise ValueError(str(exc)) from None
+        return value
+
+    @model_validator(mode="after")
+    def _consistent(self) -> StudySpec:
+        check_space(self.space, self.fixed)
+        if self.sampler.name == "grid":
+            grid(self.space)
+        if self.asha.grace_period > self.budget.max_epochs:
+            raise ValueError(
+                f"asha.grace_period: must not exceed budget.max_epochs "
+                f"({self.budget.max_epochs}), got {self.asha.grace_period}"
+            )
+        return self
+
+    def to_dict(self) -> dict[str, Any]:
+        """The spec as plain YAML/JSON-ready data (round-trips through validation)."""
+        data = self.model_dump(mode="json", exclude_none=True)
+        if self.sampler.seed is None:  # an unseeded sampler, not the default seed 0
+            data["sampler"]["seed"] = None
+        return data
+
+
+def _error_line(exc: ValidationError) -> tuple[str, str]:
+    """The first validation error as (field path, message)."""
+    err = exc.errors()[0]
+    loc = ".".join(str(part) for part in err["loc"])
+    msg = str(err["msg"]).removeprefix("Value error, ")
+    if not loc and _FIELD_PREFIX.match(msg):  # whole-spec checks name their field first
+        loc, msg = msg.split(": ", 1)
+    if err["type"] == "extra_forbidden":
+        msg = "unknown key"
+    elif isinstance(err.get("input"), str | int | float | bool) and "got" not in msg:
+        msg = f"{msg}, got {err['input']!r}"
+    return loc, msg
+
+
+def _non_finite(data: Any, path: str = "") -> tuple[str, float] | None:
+    """The first NaN or infinite number in ``data``, as (dotted path, value)."""
+    if isinstance(data, float) and not math.isfinite(data):
+        return path, data
+    if isinstance(data, dict):
+        items: list[tuple[Any, Any]] = list(data.items())
+    elif isinstance(data, list | tuple):
+        items = list(enumerate(data))
+    else:
+        return None
+    for key, value in items:
+        found = _non_finite(value, f"{path}.{key}" if path else str(key))
+        if found is not None:
+            return found
+    return None
+
+
+def parse_spec(data: Any, source: str = "<spec>") -> StudySpec:
+    """Validates already-loaded spec data.
+
+    Raises:
+        SpecError: One line naming ``source``, the field and what was expected.
+    """
+    if not isinstance(data, dict):
+        raise SpecError(
+            source, "", f"expected a mapping at the top level, got {type(data).__name__}"
+        )
+    # NaN and infinities pass pydantic's bounds but become null in the stored spec and in
+    # best.yaml (JSON has neither); no field means them.
+    try:
+        bad = _non_finite(data)
+    except RecursionError:
+        raise SpecError(source, "", "nested too deeply") from None
+    if bad is not None:
+        raise SpecError(source, bad[0], f"expected a finite number, got {bad[1]}")
+    try:
+        return StudySpec.model_validate(data)
+    except ValidationError as exc:
+        loc, msg = _error_line(exc)
+        raise SpecError(source, loc, msg) from None
+
+
+def load_spec(path: str | Path) -> StudySpec:
+    """Reads and validates a YAML spec file (safe loader only)."""
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise SpecError(str(path), "", f"cannot read file ({exc.strerror})") from None
+    except UnicodeDecodeError:
+        raise SpecError(str(path), "", "cannot read file (not UTF-8 text)") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        problem = getattr(exc, "problem", None) or "invalid YAML"
+        raise SpecError(str(path), "", f"YAML syntax error{where}: {problem}") from None
+    except RecursionError:
+        raise SpecError(str(path), "", "YAML nested too deeply") from None
+    except ValueError as exc:  # e.g. an integer of more than 4300 digits
+        raise SpecError(str(path), "", f"YAML value not readable: {exc}") from None
+    return parse_spec(data, str(path))
+
+
+def with_overrides(spec: StudySpec, source: str = "<cli>", **changes: Any) -> StudySpec:
+    """Returns ``spec`` with dotted-path overrides applied (``None`` values are skipped).
+
+    Example:
+        >>> s = with_overrides(spec, **{"budget.trials": 4})  # doctest: +SKIP
+    """
+    data = spec.to_dict()
+    for dotted, value in changes.items():
+        if value is None:
+            continue
+        node = data
+        *parents, leaf = dotted.split(".")
+        for key in parents:
+            node = node.setdefault(key, {})
+        node[leaf] = value
+    return parse_spec(data, source)

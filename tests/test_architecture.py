@@ -1,0 +1,159 @@
+"""The layers of ``search/`` import one way, without cycles and without hidden imports.
+
+    cli -> handover -> report -> run -> record -> spec -> contract -> errors
+
+A module may import from its own layer and the layers below it, never above. The check reads
+every ``import`` statement (module level, function level and under ``TYPE_CHECKING``) with
+:mod:`ast`, so it needs no import of the package.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1] / "search"
+LAYERS: list[tuple[str, ...]] = [
+    ("__main__", "cli"),
+    ("handover",),
+    ("report",),
+    ("run",),
+    ("record",),
+    ("spec",),
+    ("testing",),
+    ("contract",),
+    ("errors", "__init__"),
+]
+"""Top to bottom. ``testing`` holds deterministic trainables for tests (like optuna.testing)."""
+LAZY_ALLOWED = {"search.cli", "search.__main__"}
+"""Modules that may import ``search`` modules inside functions (to keep ``--help`` fast)."""
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT.parent).with_suffix("").parts)
+    if parts[-1] == "__init__" and len(parts) > 1:
+        parts.pop()
+    return ".".join(parts)
+
+
+def imports(path: Path) -> tuple[set[str], set[str]]:
+    """``(every search module imported, those imported inside a function)``."""
+    tree = ast.parse(path.read_text(), str(path))
+    found: set[str] = set()
+    lazy: set[str] = set()
+
+    def visit(node: ast.AST, in_function: bool) -> None:
+        for child in ast.iter_child_nodes(node):
+            nested = in_function or isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef)
+            names: list[str] = []
+            if isinstance(child, ast.Import):
+                names = [a.name for a in child.names]
+            elif isinstance(child, ast.ImportFrom) and child.module and child.level == 0:
+                names = [child.module] + [f"{child.module}.{a.name}" for a in child.names]
+            names = [n for n in names if n == "search" or n.startswith("search.")]
+            found.update(names)
+            if in_function:
+                lazy.update(names)
+            visit(child, nested)
+
+    visit(tree, False)
+    return found, lazy
+
+
+def graph() -> tuple[dict[str, set[str]], dict[str, set[str]]]:
+    """Module -> the package's modules it imports (names that are not modules dropped)."""
+    paths = {module_name(p): p for p in ROOT.rglob("*.py")}
+    edges, lazy = {}, {}
+    for name, path in paths.items():
+        found, inner = imports(path)
+        edges[name] = {m for m in found if m in paths and m != name}
+        lazy[name] = {m for m in inner if m in paths}
+    return edges, lazy
+
+
+def layer(module: str) -> int:
+    first = module.split(".")[1] if "." in module else "__init__"
+    for index, names in enumerate(LAYERS):
+        if first in names:
+            return index
+    raise AssertionError(f"{module} is in no layer: add its package to LAYERS")
+
+
+def upward(edges: Mapping[str, Iterable[str]]) -> list[str]:
+    """Every import from a lower layer into a higher one."""
+    return sorted(f"{a} -> {b}" for a, targets in edges.items() for b in targets
+                  if layer(b) < layer(a))
+
+
+def cycles(edges: Mapping[str, Iterable[str]]) -> list[list[str]]:
+    """The cycles of the graph (one per strongly connected component of two or more)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def connect(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in edges.get(v, ()):
+            if w not in index:
+                connect(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in sorted(edges):
+        if v not in index:
+            connect(v)
+    return found
+
+
+def test_every_import_goes_down_the_layers() -> None:
+    edges, _ = graph()
+    assert upward(edges) == []
+
+
+def test_the_import_graph_has_no_cycle() -> None:
+    edges, _ = graph()
+    assert cycles(edges) == []
+
+
+def test_only_the_cli_imports_search_modules_inside_functions() -> None:
+    _, lazy = graph()
+    hidden = sorted(f"{m} -> {t}" for m, targets in lazy.items() for t in targets
+                    if targets and m not in LAZY_ALLOWED)
+    assert hidden == []
+
+
+def test_every_package_is_in_a_layer() -> None:
+    for path in ROOT.rglob("*.py"):
+        layer(module_name(path))
+
+
+@pytest.mark.parametrize(("edges", "problem"), [
+    ({"search.spec.schema": {"search.run.runner"}}, ["search.spec.schema -> search.run.runner"]),
+    ({"search.contract.driver": {"search.record.fate"}},
+     ["search.contract.driver -> search.record.fate"]),
+    ({"search.run.runner": {"search.spec.schema"}}, []),
+])
+def test_the_layer_check_catches_an_upward_import(edges: dict, problem: list) -> None:
+    assert upward(edges) == problem
+
+
+def test_the_cycle_check_catches_a_cycle() -> None:
+    edges = {"search.run.a": {"search.run.b"}, "search.run.b": {"search.run.c"},
+             "search.run.c": {"search.run.a"}, "search.run.d": {"search.run.a"}}
+    assert cycles(edges) == [["search.run.a", "search.run.b", "search.run.c"]]
+    assert cycles({"search.run.a": {"search.run.b"}}) == []

@@ -1,0 +1,226 @@
+"""The TensorFlow trainables' fit loop: one ``fit`` per epoch, checkpoints, export hook.
+
+Per-epoch reporting (:func:`fit_epochs`): a generator and ``model.fit`` do not mix directly,
+so the trainable calls ``model.fit(..., initial_epoch=e, epochs=e + 1)`` once per epoch and
+yields what a small callback (:class:`EpochLogs`) captured at that epoch's end. Between two
+yields Keras is idle, so when ASHA stops the trial the framework just closes the generator.
+Keras' ``EarlyStopping`` and ``ReduceLROnPlateau`` reset their counters in
+``on_train_begin``, i.e. at every ``fit`` call; the ``Persistent*`` subclasses here run that
+reset only once, so patience counts across the per-epoch calls. The compiled train/test
+functions are cached on the model, so one ``fit`` per epoch costs no retracing. A model built
+in a ``MirroredStrategy`` scope (``_tf_devices.strategy``) trains the same way: Keras splits
+each global batch over the replicas.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from typing import Any
+
+import keras
+import numpy as np
+import tensorflow as tf
+
+from search.contract.dataset import Dataset
+from search.contract import Metrics, TrialContext, train_to_end
+from trainables.knobs import PLATEAU_PATIENCE
+from trainables.tf.data import load_splits, pipeline
+
+
+class _KeepStateAcrossFits(keras.callbacks.Callback):
+    """Runs the parent's ``on_train_begin`` (which resets its counters) in the first fit only."""
+
+    _begun = False
+
+    def on_train_begin(self, logs: dict[str, Any] | None = None) -> None:
+        if not self._begun:
+            self._begun = True
+            super().on_train_begin(logs)
+
+
+class PersistentEarlyStopping(_KeepStateAcrossFits, keras.callbacks.EarlyStopping):
+    """``EarlyStopping`` whose patience counts across one-epoch ``fit`` calls."""
+
+
+class PersistentReduceLROnPlateau(_KeepStateAcrossFits, keras.callbacks.ReduceLROnPlateau):
+    """``ReduceLROnPlateau`` whose patience counts across one-epoch ``fit`` calls."""
+
+
+class EpochLogs(keras.callbacks.Callback):
+    """Captures the last epoch's logs and the lr that epoch started with."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.metrics: Metrics = {}
+        self._lr = 0.0
+
+    def on_epoch_begin(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
+        self._lr = float(keras.ops.convert_to_numpy(self.model.optimizer.learning_rate))
+
+    def on_epoch_end(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
+        logs = logs or {}
+        self.metrics = {
+            "train_loss": float(logs["loss"]),
+            "train_accuracy": float(logs["accuracy"]),
+            "val_loss": float(logs["val_loss"]),
+            "val_accuracy": float(logs["val_accuracy"]),
+            "lr": self._lr,
+        }
+
+
+def stopping_callbacks(cfg: Mapping[str, Any]) -> list[keras.callbacks.Callback]:
+    """Early stopping on val_loss (``early_stopping_patience`` > 0) and the ``plateau`` lr."""
+    callbacks: list[keras.callbacks.Callback] = []
+    if cfg["lr_scheduler"] == "plateau":
+        # torch reduces after ``patience`` bad epochs *plus one*, Keras after ``patience``.
+        callbacks.append(PersistentReduceLROnPlateau(
+            monitor="val_loss", factor=cfg["gamma"], patience=PLATEAU_PATIENCE + 1, verbose=0))
+    if cfg["early_stopping_patience"] > 0:
+        callbacks.append(PersistentEarlyStopping(
+            monitor="val_loss", patience=cfg["early_stopping_patience"],
+            min_delta=cfg["early_stopping_min_delta"], verbose=0))
+    return callbacks
+
+
+def fit_epochs(
+    model: keras.Model,
+    train: tf.data.Dataset,
+    val: tf.data.Dataset,
+    ctx: TrialContext,
+    callbacks: Sequence[keras.callbacks.Callback] = (),
+) -> Iterator[Metrics]:
+    """Trains one epoch per ``fit`` call and yields that epoch's metrics (see module doc).
+
+    Yields:
+        ``train_loss``, ``train_accuracy``, ``val_loss``, ``val_accuracy``, ``lr`` (at the
+        epoch's start) and ``epoch_time_s`` (the whole ``fit`` call), once per epoch, at
+        most ``ctx.max_epochs`` times.
+        Returns after the epoch in which a callback set ``model.stop_training``.
+    """
+    logs = EpochLogs()
+    all_callbacks = [logs, *callbacks]  # the same objects every epoch: their state persists
+    first = 0
+    if ctx.restore_dir is not None:  # a retried trial continues after its last checkpoint
+        first = load_state(model, callbacks, ctx.restore_dir)
+    for epoch in range(first, ctx.max_epochs):
+        start = time.perf_counter()
+        model.fit(train, validation_data=val, initial_epoch=epoch, epochs=epoch + 1,
+                  callbacks=all_callbacks, shuffle=False, verbose=0)  # pipeline shuffles
+        if ctx.checkpoint_dir is not None:
+            save_state(model, callbacks, epoch + 1, ctx.checkpoint_dir)
+        yield {**logs.metrics, "epoch_time_s": time.perf_counter() - start}
+        if model.stop_training:  # fit() clears it on entry; set by EarlyStopping
+            return
+
+
+# --- checkpoints (a retried trial continues after its last epoch) ----------------------------
+
+WEIGHTS_FILE = "model.weights.h5"
+STATE_FILE = "state.json"
+_COUNTERS = ("wait", "best", "best_epoch", "stopped_epoch", "cooldown_counter")
+"""Attributes of Keras' EarlyStopping and ReduceLROnPlateau that carry their patience."""
+
+
+def _scalar(value: Any) -> Any:
+    return float(value) if isinstance(value, float | np.floating) else value
+
+
+def save_state(model: keras.Model, callbacks: Sequence[keras.callbacks.Callback], epoch: int,
+               folder: str) -> None:
+    """Writes what a retried trial needs to continue after ``epoch`` into ``folder``.
+
+    ``model.weights.h5`` (Keras 3 writes the model's weights, normalization statistics
+    included, and the optimizer's variables: step count, the learning rate as the plateau
+    callback left it, moments) and ``state.json`` (the epoch and the patience counters of
+    the stopping callbacks). Files are overwritten each epoch.
+    """
+    from pathlib import Path
+
+    path = Path(folder)
+    model.save_weights(path / WEIGHTS_FILE, overwrite=True)
+    counters = [{k: _scalar(getattr(cb, k)) for k in _COUNTERS
+                 if isinstance(getattr(cb, k, None), int | float | np.number)}
+                for cb in callbacks]
+    state = {"epoch": epoch, "callbacks": counters}
+    (path / STATE_FILE).write_text(json.dumps(state))
+
+
+def load_state(model: keras.Model, callbacks: Sequence[keras.callbacks.Callback],
+               folder: str) -> int:
+    """Restores what :func:`save_state` wrote; returns the epoch it was saved after.
+
+    The data order is not part of the state: the restored run's shuffles start afresh from
+    the trial's seed, so it continues the run closely, not bit for bit.
+    """
+    from pathlib import Path
+
+    path = Path(folder)
+    with model.distribute_strategy.scope():  # mirrored variables when it has replicas
+        model.optimizer.build(model.trainable_variables)  # they must exist to be loaded
+        model.load_weights(path / WEIGHTS_FILE)
+    state = json.loads((path / STATE_FILE).read_text())
+    for cb, counters in zip(callbacks, state["callbacks"], strict=False):
+        if isinstance(cb, _KeepStateAcrossFits):
+            cb.on_train_begin()  # the one reset, now; the saved counters then overwrite it
+        for key, value in counters.items():
+            setattr(cb, key, value)
+    return int(state["epoch"])
+
+
+def expose_model(model: keras.Model, ctx: TrialContext) -> None:
+    """Puts ``model`` into ``ctx.extras["model_out"]["model"]`` when that is a dict."""
+    out = ctx.extras.get("model_out")
+    if isinstance(out, dict):
+        out["model"] = model
+
+
+# --- export hook (python -m search export) ---------------------------------------------------
+
+
+def export_keras(train: Any, config: Mapping[str, Any], data: Dataset, ctx: TrialContext,
+                 out_dir: Any) -> Metrics:
+    """Trains ``config`` with the trainable ``train`` to its end, then saves the model.
+
+    Writes ``model.keras`` (reload with ``keras.models.load_model``) and ``saved_model/``
+    (``model.export``: a TF SavedModel whose ``serve`` signature takes NHWC float32 images
+    scaled to [0, 1] by ``input_scale``, the training split's largest value, and returns
+    class probabilities). The reloaded ``.keras`` file is scored on the validation split.
+
+    Returns:
+        The last epoch's metrics and ``epochs``, plus ``export_val_loss`` and
+        ``export_val_accuracy`` (the reloaded file) and ``input_scale`` (arrays only).
+    """
+    from pathlib import Path
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    handle, last, epochs = train_to_end(train, config, data, ctx)
+    model = handle["model"]
+    model.save(out / "model.keras")
+    model.export(str(out / "saved_model"), format="tf_saved_model", verbose=False)
+    reloaded = keras.models.load_model(out / "model.keras")
+    splits = load_splits(data, ctx)
+    val_loss, val_accuracy = reloaded.evaluate(
+        pipeline(splits.val, int(config.get("batch_size", 64)), ctx.num_threads), verbose=0)
+    scale = {} if ctx.extras.get("data_path") else {"input_scale": float(data.x_train.max())}
+    return {**last, "epochs": float(epochs), "export_val_loss": float(val_loss),
+            "export_val_accuracy": float(val_accuracy), **scale}
+
+
+def train_compiled(
+    model: keras.Model, splits: Any, cfg: Mapping[str, Any], ctx: TrialContext
+) -> Iterator[Metrics]:
+    """The tail every TF trainable shares: expose the model, build the pipelines, fit.
+
+    Yields:
+        :func:`fit_epochs`' metrics plus ``replicas``, the devices the model is mirrored
+        over (1 without a ``MirroredStrategy``); the study records it.
+    """
+    expose_model(model, ctx)
+    train_ds = pipeline(splits.train, cfg["batch_size"], ctx.num_threads, ctx.seed)
+    val_ds = pipeline(splits.val, cfg["batch_size"], ctx.num_threads)
+    replicas = float(model.distribute_strategy.num_replicas_in_sync)
+    for metrics in fit_epochs(model, train_ds, val_ds, ctx, stopping_callbacks(cfg)):
+        yield {**metrics, "replicas": replicas}

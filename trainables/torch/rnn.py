@@ -1,0 +1,73 @@
+"""A recurrent network that reads each 8x8 digit row by row (the ``torch_rnn`` trainable).
+
+The guide's exploding-gradient scenario: the 8 rows are a sequence of 8 features each, fed
+unnormalized (pixel values 0..16, as the data comes) into a GRU or LSTM, whose last hidden
+state goes through a dense LeakyReLU layer to the classifier. With plain SGD, no clipping and a
+high learning rate the weights of the dense layers grow each other geometrically and the loss
+overflows to inf/NaN within a few epochs (measured, 3 seeds: GRU at lr >= 3, LSTM at lr >= 10;
+lr <= 1 trains). The same runs with ``clip_norm: 1.0`` stay finite. (The recurrent cell alone
+cannot overflow: its gates saturate; the unbounded dense path is what explodes.)
+
+Config keys (all optional): the shared ones of
+:data:`~trainables.torch.common.COMMON_DEFAULTS`, and:
+
+    cell     gru | lstm (default gru)
+    hidden   hidden units of the recurrent layer (default 64)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from contextlib import nullcontext
+from typing import Any
+
+import torch
+from torch import nn
+
+from search.contract.dataset import Dataset
+from search.contract import Metrics, TrialContext
+from trainables.torch.common import COMMON_DEFAULTS, setup
+from trainables.torch.data import to_tensors
+from trainables.torch.export import make_exporter
+from trainables.torch.loop import fit_epochs
+
+DEFAULTS: dict[str, Any] = {**COMMON_DEFAULTS, "cell": "gru", "hidden": 64}
+DATA_PARALLEL = True
+"""Trains data-parallel (DDP) when a trial has several workers (:mod:`search.run.distributed`)."""
+CELL_CHOICES = {"cell": ("gru", "lstm")}
+
+
+class RowReader(nn.Module):
+    """GRU/LSTM over the image rows; last hidden state -> dense LeakyReLU -> classifier."""
+
+    def __init__(self, cell: str, features: int, hidden: int, dropout: float,
+                 num_classes: int, input_scale: float) -> None:
+        super().__init__()
+        recurrent = nn.GRU if cell == "gru" else nn.LSTM
+        self.rnn = recurrent(features, hidden, batch_first=True)
+        self.head = nn.Sequential(
+            nn.Linear(hidden, hidden), nn.LeakyReLU(0.1), nn.Dropout(dropout),
+            nn.Linear(hidden, num_classes),
+        )
+        self.input_scale = input_scale
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        seq = x.flatten(1, 2) * self.input_scale  # (B, C*H, W): one row per time step
+        # oneDNN's bf16 LSTM fails on CPUs without native bf16: the cell runs in fp32 on CPU.
+        with torch.autocast("cpu", enabled=False) if x.device.type == "cpu" else nullcontext():
+            out, _ = self.rnn(seq.float() if x.device.type == "cpu" else seq)
+        return self.head(out[:, -1])
+
+
+def train(config: Mapping[str, Any], data: Dataset, ctx: TrialContext) -> Iterator[Metrics]:
+    """The ``torch_rnn`` trainable: one metrics dict per epoch (:mod:`trainables.torch.loop`)."""
+    cfg, device = setup(config, DEFAULTS, ctx, CELL_CHOICES)
+    tensors = to_tensors(data)
+    width = tensors.x_train.shape[-1]
+    model = RowReader(cfg["cell"], width, cfg["hidden"], cfg["dropout"],
+                      tensors.num_classes, input_scale=tensors.scale)
+    yield from fit_epochs(model, tensors, cfg, ctx, device)
+
+
+export = make_exporter(train)
+"""The export hook: ``model.safetensors`` and a checked ``model.onnx`` (:mod:`._torch_export`)."""
