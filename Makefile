@@ -23,7 +23,8 @@ test: $(STAMP)
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check search trainables tests
+	$(VENV)/bin/ruff check search trainables tests benchmarks scripts
+	$(VENV)/bin/ruff format --check search trainables tests benchmarks scripts
 	$(VENV)/bin/mypy
 
 clean:

@@ -78,8 +78,8 @@ def epoch_times(precisions: tuple[str, ...] = ("fp32", "bf16", "fp16"),
                 epochs: int = 4) -> dict[str, float]:
     """Median epoch time (s) of one mid-sized config of the space on GPU 0, per precision
     (the first epoch, with its warm-up, is left out)."""
-    from search.contract.dataset import load_digits
     from search.contract import TrialContext
+    from search.contract.dataset import load_digits
     from trainables.torch.cnn import train
 
     data = load_digits(0.2, 0)
@@ -108,10 +108,10 @@ def main() -> None:
     for i, name in enumerate(found):
         print(f"  cuda:{i}  {name}")
 
+    from search.record.study import load_study
     from search.run.data import load_data
     from search.run.runner import RunOptions, init_ray, place, run_study
     from search.spec.schema import load_spec, with_overrides
-    from search.record.study import load_study
 
     tmp = Path(tempfile.mkdtemp(prefix="gpu-check-"))
     spec = with_overrides(load_spec(SPACE), **{

@@ -54,9 +54,9 @@ LABELS = {
 # ---- the contenders (each runs in its own subprocess) ---------------------------------------
 
 def _instant_objective(trial: Any) -> float:
+    from search.contract import TrialContext
     from search.spec.space import Param, sample
     from search.testing import instant
-    from search.contract import TrialContext
 
     params = sample(trial, {"x": Param(uniform=(0.0, 1.0))})
     value = 0.0
@@ -111,8 +111,8 @@ def _search(trials: int, warmup: int, cpus: int, tmp: Path) -> tuple[float, floa
 def _tune_trainable(config: dict[str, Any]) -> None:
     from ray import tune
 
-    from search.testing import instant
     from search.contract import TrialContext
+    from search.testing import instant
 
     for metrics in instant(config, None, TrialContext(max_epochs=1)):
         tune.report(metrics)

@@ -114,9 +114,9 @@ def _optuna(trials: int, epochs: int, seeds: list[int], cpus: int, tmp: Path,
             pruned: bool) -> list[dict]:
     import optuna
 
+    from search.contract import TrialContext
     from search.run.data import load_data
     from search.spec.space import sample
-    from search.contract import TrialContext
     from trainables.torch.cnn import train
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -186,8 +186,8 @@ def _tune_domains(space: dict) -> dict:
 def _tune_trial(config: dict, space: dict, fixed: dict, epochs: int, data: Any) -> None:
     from ray import tune
 
-    from search.spec.space import is_active, order
     from search.contract import TrialContext
+    from search.spec.space import is_active, order
     from trainables.torch.cnn import train
 
     params: dict = {}

@@ -25,10 +25,10 @@ import yaml
 from optuna.distributions import FloatDistribution
 from optuna.trial import TrialState, create_trial
 
-from search.contract import TrialContext, resolve_exporter
-from search.handover.confirm import CONFIRM_SUFFIX, ROLE
+from search.contract import TrialContext, declarations
+from search.handover.confirm import ROLE
 from search.handover.export import TOLERANCE, export_study
-from search.record.study import open_study
+from search.record.study import CONFIRM_SUFFIX, open_study
 from search.spec.schema import load_spec, parse_spec
 from tests.conftest import REPO, base_spec
 from tests.test_cli import _cli
@@ -146,7 +146,7 @@ def test_torch_export_writes_safetensors_and_an_onnx_that_matches(tmp_path: Path
     data = load_digits(0.2, 0)
     config = {"channels": 8, "lr": 3e-3, "batch_size": 64}
     history: list[dict[str, float]] = []
-    export = resolve_exporter("torch_cnn")
+    export = declarations("torch_cnn").export
     assert export is torch_cnn.export
     final = export(config, data, TrialContext(max_epochs=2, seed=3, num_threads=2,
                                               extras={"history": history}), tmp_path)

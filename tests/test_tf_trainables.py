@@ -239,3 +239,16 @@ def test_checkpoint_restores_weights_optimizer_counters_and_epoch(digits: Datase
         assert counters and {k: getattr(callback, k) for k in counters} == counters
         callback.on_train_begin()  # the first fit's reset is spent: patience counts on
         assert {k: getattr(callback, k) for k in counters} == counters
+
+
+def test_export_hook_saves_a_keras_file_and_a_saved_model(small: Dataset, tmp_path: Path) -> None:
+    from search.contract.registry import declarations
+
+    assert declarations("tf_cnn").export is tf_cnn.export  # found beside train, as for torch
+    history: list[dict[str, float]] = []
+    ctx = TrialContext(max_epochs=1, num_threads=2, extras={"history": history})
+    final = tf_cnn.export({"channels": 8}, small, ctx, tmp_path)
+    assert (tmp_path / "model.keras").exists() and (tmp_path / "saved_model").is_dir()
+    assert final["epochs"] == 1.0 and len(history) == 1
+    assert final["export_val_accuracy"] == pytest.approx(final["val_accuracy"], abs=1e-6)
+    assert final["input_scale"] == float(small.x_train.max())

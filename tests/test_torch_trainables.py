@@ -15,11 +15,11 @@ torchvision = pytest.importorskip("torchvision")
 from search.contract import TrialContext  # noqa: E402
 from search.contract.dataset import Dataset, load_digits  # noqa: E402
 from trainables.torch import cnn as torch_cnn  # noqa: E402
-from trainables.torch import common as _torch_common  # noqa: E402
+from trainables.torch import common as torch_common  # noqa: E402
 from trainables.torch import rnn as torch_rnn  # noqa: E402
 from trainables.torch import transfer as torch_transfer  # noqa: E402
 from trainables.torch.data import to_tensors  # noqa: E402
-from trainables.torch.loop import fit_epochs  # noqa: E402
+from trainables.torch.loop import fit_epochs, load_state, make_fitting  # noqa: E402
 
 pytestmark = pytest.mark.torch
 
@@ -81,7 +81,7 @@ def test_cnn_reaches_high_accuracy_in_a_few_epochs(digits):
     assert max(r["val_accuracy"] for r in rows) >= 0.9
 
 
-@pytest.mark.parametrize("scheduler", _torch_common.CHOICES["lr_scheduler"])
+@pytest.mark.parametrize("scheduler", torch_common.CHOICES["lr_scheduler"])
 def test_every_lr_scheduler_runs(scheduler, digits):
     config = {**SMALL_CNN, "lr_scheduler": scheduler, "step_size": 1, "gamma": 0.5}
     rows = run(torch_cnn.train, config, digits, epochs=3)
@@ -143,8 +143,9 @@ def test_an_augmented_cnn_trial_does_not_import_torchvision():
     import subprocess
     import sys
 
-    code = ("import sys; from search.contract.dataset import load_digits; from search.contract import "
-            "TrialContext; from trainables.torch.cnn import train; d = load_digits(0.2, 0); "
+    code = ("import sys; from search.contract.dataset import load_digits; "
+            "from search.contract import TrialContext; "
+            "from trainables.torch.cnn import train; d = load_digits(0.2, 0); "
             "next(train({'channels': 4, 'augment': 0.4, 'hflip': True}, d, "
             "TrialContext(max_epochs=1))); print('torchvision' in sys.modules)")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
@@ -168,7 +169,7 @@ def test_clip_value_bounds_every_gradient_element():
     layer = torch.nn.Linear(4, 3)
     (layer(torch.full((8, 4), 100.0)).sum() * 10).backward()
     params = list(layer.parameters())
-    before = _torch_common.clip_gradients(params, clip_norm=0.0, clip_value=0.1)
+    before = torch_common.clip_gradients(params, clip_norm=0.0, clip_value=0.1)
     assert before > 1.0
     assert all(p.grad.abs().max() <= 0.1 for p in params)
 
@@ -197,7 +198,7 @@ def test_rnn_explodes_at_high_lr_without_clipping_and_stays_finite_with_it(cell,
 def fit_transfer(config: dict[str, Any], data: Dataset) -> tuple[dict, dict]:
     """One epoch of the transfer trainable's own model and loop: resnet18 state before and after."""
     ctx = TrialContext(max_epochs=1, num_threads=1)
-    cfg, device = _torch_common.setup({"image_size": 16, **config}, torch_transfer.DEFAULTS, ctx,
+    cfg, device = torch_common.setup({"image_size": 16, **config}, torch_transfer.DEFAULTS, ctx,
                                       torch_transfer.BACKBONES)
     tensors = to_tensors(data)
     model = torch_transfer.build_model(cfg, tensors)
@@ -285,3 +286,28 @@ def test_checkpoint_restores_model_optimizer_and_epoch(tmp_path, digits):
     assert len(resumed) == 2  # epochs 4 and 5 only
     assert resumed[0]["val_accuracy"] > fresh[0]["val_accuracy"] + 0.05
     assert resumed[0]["val_accuracy"] >= rows[-1]["val_accuracy"] - 0.05
+
+
+def test_a_checkpoint_holds_early_stopping_updated_with_its_own_epoch(tmp_path, few_digits):
+    """The stopper counts the epoch before the state is saved, so a retried trial's early
+    stopping is not one epoch behind: it stops at the epoch an uninterrupted trial does."""
+    config = {**SMALL_CNN, "lr": 0.0, "early_stopping_patience": 2}  # val_loss never improves
+    saved = tmp_path / "ckpt"
+    saved.mkdir()
+    rows = run(torch_cnn.train, config, few_digits, epochs=2, checkpoint_dir=str(saved))
+    replay = torch_common.EarlyStopping(patience=2)
+    for row in rows:
+        replay.update(row["val_loss"])
+    cfg = torch_common.read_config(config, torch_cnn.DEFAULTS)
+    model = torch_cnn.build_model(cfg, to_tensors(few_digits))
+    fit = make_fitting(model, cfg, TrialContext(max_epochs=2), torch.device("cpu"), 3)
+    restored = torch_common.EarlyStopping(patience=2)
+    assert load_state(fit, restored, str(saved)) == 2
+    assert (restored.best, restored.bad_epochs) == (replay.best, replay.bad_epochs)
+    assert (restored.best, restored.bad_epochs) == (rows[0]["val_loss"], 1)
+
+    whole = run(torch_cnn.train, config, few_digits, epochs=10)
+    resumed = run(torch_cnn.train, config, few_digits, epochs=10, restore_dir=str(saved),
+                  start_epoch=3)
+    assert len(whole) == 3  # best at epoch 1, two epochs without improvement
+    assert len(resumed) == 1  # epoch 3 only, as in the uninterrupted trial

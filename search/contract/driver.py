@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import numbers
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Generator, Iterable, Mapping
 from contextlib import closing
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -91,7 +91,9 @@ class Epoch:
     fail_reason: str | None = None
 
 
-def drive(epochs: Iterable[Mapping[str, Any]], max_epochs: int, start: int = 1) -> Iterator[Epoch]:
+def drive(
+    epochs: Iterable[Mapping[str, Any]], max_epochs: int, start: int = 1
+) -> Generator[Epoch, None, None]:
     """Iterates a trainable's epochs until the budget, a non-finite metric, or its own end.
 
     The trainable's generator is closed when the loop ends, also when the caller stops early

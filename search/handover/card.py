@@ -25,6 +25,7 @@ PACKAGES = ("search", "ray", "optuna", "numpy", "pandas", "scikit-learn", "torch
             "tensorflow", "keras", "onnx", "onnxruntime", "onnxscript", "safetensors",
             "matplotlib", "plotly", "pydantic")
 
+
 def _git(*args: str) -> str:
     root = Path(__file__).resolve().parents[1]
     try:
@@ -34,6 +35,7 @@ def _git(*args: str) -> str:
         return ""
     return done.stdout.strip() if done.returncode == 0 else ""
 
+
 def _cpu() -> str:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -42,6 +44,7 @@ def _cpu() -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine()
+
 
 def _gpus() -> str:
     if shutil.which("nvidia-smi"):
@@ -53,6 +56,7 @@ def _gpus() -> str:
         except (OSError, subprocess.TimeoutExpired):
             pass
     return "none"
+
 
 def environment(trainable: str) -> str:
     """Python, packages, git commit, CPU and GPU: what the bundle was made with."""
@@ -74,6 +78,7 @@ def environment(trainable: str) -> str:
         except importlib.metadata.PackageNotFoundError:
             continue
     return "\n".join(lines) + "\n"
+
 
 def learning_curves(path: Path, runs: Sequence[ConfirmRun], chosen: int,
                     history: Sequence[Mapping[str, float]], metric: str) -> Path:
@@ -118,12 +123,14 @@ def learning_curves(path: Path, runs: Sequence[ConfirmRun], chosen: int,
     plt.close(fig)
     return path
 
+
 def _f(value: Any, digits: int = 4) -> str:
     if isinstance(value, float):
         if value and abs(value) < 10 ** -digits:
             return f"{value:.2e}"
         return f"{value:.{digits}f}" if math.isfinite(value) else str(value)
     return "-" if value is None else str(value)
+
 
 def _inputs(out: Path, final: Mapping[str, float]) -> list[str]:
     scale = final.get("input_scale")
@@ -146,6 +153,7 @@ def _inputs(out: Path, final: Mapping[str, float]) -> list[str]:
             " same input and output.",
         ]
     return lines
+
 
 def model_card(study: optuna.Study, spec: StudySpec, metrics: Mapping[str, Any],
                out: Path) -> str:

@@ -49,6 +49,7 @@ ROLE = "confirmation"
 CONFIRM_SEED_OFFSET = 1_000_000
 """Confirmation seeds start here above the sampler's seed; search trial ``n`` used seed + n."""
 
+
 @dataclass(frozen=True)
 class Candidate:
     """One COMPLETE search trial that goes to confirmation."""

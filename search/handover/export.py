@@ -2,12 +2,12 @@
 
 ``python -m search export STUDY`` does, in order:
 
-1. to 3. **Candidates, confirmation, choice** (:mod:`search.handover.confirm`): the top ``K`` COMPLETE
-   trials, each trained again with ``S`` fresh seeds as Ray tasks with one trial's resources
-   (:func:`with_placement`), recorded in the study ``<study>-confirm``; the candidate with the
-   fewest failed runs, then the best mean, wins.
-4. **Final model**: the chosen config is trained once more, in this process, through its
-   trainable's export hook (:func:`search.contract.declarations`), with the seed of its
+1. to 3. **Candidates, confirmation, choice** (:mod:`search.handover.confirm`): the top ``K``
+   COMPLETE trials, each trained again with ``S`` fresh seeds as Ray tasks with one trial's
+   resources (:func:`with_placement`), recorded in the study ``<study>-confirm``; the candidate
+   with the fewest failed runs, then the best mean, wins.
+4. **Final model** (:mod:`search.handover.train`): the chosen config is trained once more, in
+   this process, through its trainable's export hook, with the seed of its
    median confirmation run, on the same training split. The validation split is kept apart
    (not merged into training): it is the only held-out data a spec has, the schedules and
    early stopping read its loss, and the exported accuracy must be reproducible by
@@ -101,7 +101,6 @@ def export_study(study_name: str, storage: str, out_dir: Path | None = None, top
                  log: Log = print) -> ExportResult:
     """The whole ``export`` command (module docstring); returns what it wrote and measured."""
     import optuna
-
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     start = time.monotonic()

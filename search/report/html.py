@@ -26,6 +26,7 @@ from search.report.figures import FIGURES, plotly_figures, spec_of, write_pngs
 if TYPE_CHECKING:
     import optuna
 
+
 @dataclass(frozen=True)
 class Summary:
     """What a study cost, and what ASHA saved."""
@@ -68,9 +69,11 @@ class Summary:
         ]
         return rows
 
+
 def _epochs(trial: optuna.trial.FrozenTrial) -> int:
     value = trial.user_attrs.get("epochs")
     return int(value) if isinstance(value, int | float) else len(trial.intermediate_values)
+
 
 def _seconds(trial: optuna.trial.FrozenTrial) -> float:
     value = trial.user_attrs.get("seconds")
@@ -79,6 +82,7 @@ def _seconds(trial: optuna.trial.FrozenTrial) -> float:
     if trial.datetime_start and trial.datetime_complete:
         return (trial.datetime_complete - trial.datetime_start).total_seconds()
     return 0.0
+
 
 def summarize(study: optuna.Study) -> Summary:
     """Counts, compute spent and what ASHA saved (PRUNED trials' missing epochs)."""
@@ -109,6 +113,7 @@ def summarize(study: optuna.Study) -> Summary:
 
 # --- the page --------------------------------------------------------------------------------
 
+
 _CSS = """
 body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:24px auto;
 max-width:1280px;color:#222;padding:0 16px}
@@ -120,6 +125,7 @@ th{background:#f4f4f4} .muted{color:#777} .note{color:#a33;font-style:italic}
 .fig{margin:8px 0 24px;overflow-x:auto}
 """
 
+
 def _table(rows: Sequence[tuple[str, ...]], header: tuple[str, ...] = ()) -> str:
     cells = "".join(f"<th>{html.escape(h)}</th>" for h in header)
     head = f"<tr>{cells}</tr>" if header else ""
@@ -127,10 +133,12 @@ def _table(rows: Sequence[tuple[str, ...]], header: tuple[str, ...] = ()) -> str
         "<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in row) + "</tr>" for row in rows)
     return f"<table>{head}{body}</table>"
 
+
 def _fmt(value: Any) -> str:
     if isinstance(value, float):
         return f"{value:.4g}" if math.isfinite(value) else str(value)
     return "" if value is None else str(value)
+
 
 def confirmation_rows(confirm: optuna.Study) -> list[tuple[str, ...]]:
     """Per source trial: the seeds' values, mean and spread of the latest export run."""
@@ -154,6 +162,7 @@ def confirmation_rows(confirm: optuna.Study) -> list[tuple[str, ...]]:
             for t in sorted(group, key=lambda t: int(t.user_attrs.get("seed", 0))))
         rows.append((str(number), f"{mean:.4f}", f"{std:.4f}", str(len(group) - len(ok)), seeds))
     return sorted(rows, key=lambda r: -float(r[1]) if r[1] != "nan" else math.inf)
+
 
 def render(study: optuna.Study, figures: dict[str, Any],
            confirm: optuna.Study | None = None) -> str:
@@ -192,6 +201,7 @@ def render(study: optuna.Study, figures: dict[str, Any],
             f"<title>{html.escape(study.study_name)}: search report</title>"
             f"<style>{_CSS}</style></head><body>" + "\n".join(parts) + "</body></html>")
 
+
 def write_report(study: optuna.Study, results_dir: Path = Path("results"),
                  confirm: optuna.Study | None = None) -> Path:
     """Writes ``results_dir/<study>/report.html`` and ``figures/*.png``; returns the HTML path."""
@@ -202,6 +212,7 @@ def write_report(study: optuna.Study, results_dir: Path = Path("results"),
     path.write_text(page, encoding="utf-8")
     write_pngs(study, folder / "figures")
     return path
+
 
 def report_study(study_name: str, storage: str, results_dir: Path = Path("results")) -> Path:
     """The ``report`` command: loads the study (and ``<study>-confirm`` if there is one)."""

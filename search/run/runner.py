@@ -39,6 +39,7 @@ if TYPE_CHECKING:
     from search.contract import Dataset
     from search.spec.schema import StudySpec
 
+
 @dataclass(frozen=True)
 class RunOptions:
     """How to run (not what to search): where Ray is, where files go, how loud."""

@@ -108,7 +108,8 @@ def instant(config: Mapping[str, Any], data: Dataset, ctx: TrialContext) -> Iter
 
 def curve_export(config: Mapping[str, Any], data: Dataset, ctx: TrialContext,
                  out_dir: Path) -> Metrics:
-    """The export hook of :func:`curve` (``search.handover.export``): trains it, writes ``model.json``."""
+    """The export hook of :func:`curve` (``search.handover.export``): trains it, writes
+    ``model.json``."""
     history = ctx.extras.get("history")
     last: Metrics = {}
     for metrics in curve(config, data, ctx):

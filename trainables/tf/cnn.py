@@ -12,12 +12,12 @@ of the two), ``precision`` (fp32|bf16|fp16, fp16 on a GPU only), ``num_workers``
 At adam, lr 3e-3, batch 64 it passes 0.95 val_accuracy by epoch 2-3 (~0.45 s an epoch on 2
 CPU threads after a ~3 s first epoch that traces the graph).
 
-Data: the framework's arrays, or an image folder when ``ctx.extras["data_path"]`` is set (see
-:func:`trainables.tf.data.load_splits`; ``data`` may then hold empty arrays).
+Data: the framework's arrays, or an image folder (:func:`trainables.tf.data.load_data`;
+``data`` may then hold empty arrays).
 
 Getting the trained model: pass a dict as ``ctx.extras["model_out"]``; the trainable puts the
-compiled model under its ``"model"`` key as soon as it is built, so after the generator is
-exhausted (or closed) it holds the model as trained so far::
+compiled model under its ``"model"`` key (and its datasets under ``"data"``) as soon as it is
+built, so after the generator is exhausted (or closed) it holds the model as trained so far::
 
     out = {}
     for metrics in train(config, data, TrialContext(max_epochs=5, extras={"model_out": out})):
@@ -32,11 +32,11 @@ from typing import Any
 
 import keras
 
-from search.contract.dataset import Dataset
-from search.contract import Metrics, TrialContext
+from search.contract import Dataset, Metrics, TrialContext
 from trainables.tf import common
 from trainables.tf import data as tfdata
-from trainables.tf import loop
+from trainables.tf.export import make_exporter
+from trainables.tf.loop import fit_epochs
 
 DEFAULTS: dict[str, Any] = {
     **common.COMMON_DEFAULTS, **common.AUGMENT_DEFAULTS, "channels": 32, "train_fraction": 1.0,
@@ -72,21 +72,19 @@ def build_model(cfg: Mapping[str, Any], splits: tfdata.Splits, seed: int) -> ker
 
 
 def train(config: Mapping[str, Any], data: Dataset, ctx: TrialContext) -> Iterator[Metrics]:
-    """Trains the CNN, yielding one metrics dict per epoch (see :func:`_tf_loop.fit_epochs`).
+    """The ``tf_cnn`` trainable: one metrics dict per epoch (:mod:`trainables.tf.loop`).
 
     Raises:
-        ValueError: On an unknown config key, a bad choice, both clip options, or fp16 on CPU.
+        ValueError: On an unknown config key, a bad choice, both clip options, fp16 on CPU,
+            or a ``train_fraction`` outside (0, 1].
     """
-    cfg = common.setup(config, DEFAULTS, ctx)
-    if not 0.0 < cfg["train_fraction"] <= 1.0:
-        raise ValueError(f"train_fraction must be in (0, 1], got {cfg['train_fraction']}")
-    splits = tfdata.load_splits(tfdata.subsample(data, cfg["train_fraction"]), ctx)
-    with common.model_scope(cfg["precision"], ctx):
+    cfg, strategy = common.setup(config, DEFAULTS, ctx)
+    splits = tfdata.load_data(data, ctx, cfg["train_fraction"])
+    with common.model_scope(cfg["precision"], strategy):
         model = build_model(cfg, splits, ctx.seed)
         common.compile_model(model, cfg, ctx.max_epochs, splits.n_train)
-    yield from loop.train_compiled(model, splits, cfg, ctx)
+    yield from fit_epochs(model, splits, cfg, ctx, strategy)
 
 
-def export(config: Mapping[str, Any], data: Dataset, ctx: TrialContext, out_dir: Any) -> Metrics:
-    """The export hook: ``model.keras`` and a SavedModel (:func:`_tf_loop.export_keras`)."""
-    return loop.export_keras(train, config, data, ctx, out_dir)
+export = make_exporter(train)
+"""The export hook (:mod:`trainables.tf.export`): ``model.keras`` and a SavedModel."""

@@ -1,8 +1,10 @@
 """What every TensorFlow/Keras trainable shares: config, process setup, model parts, optimizer.
 
-The config keys are the same names the PyTorch trainables read (``trainables.knobs``), so
-one search space drives either framework. Data lives in ``_tf_data``, the fit loop in
-``_tf_loop``, devices (threads, GPU memory, replicas) in ``_tf_devices``.
+The twin of ``trainables.torch.common``. The config keys are the same names the PyTorch
+trainables read (:mod:`trainables.knobs`), so one search space drives either framework. Data
+lives in :mod:`trainables.tf.data`, the fit loop in :mod:`trainables.tf.loop`, the export hook
+in :mod:`trainables.tf.export`, devices (threads, GPU memory, replicas) in
+:mod:`trainables.tf.devices`.
 
 Only TensorFlow trainables import this module, so ``import trainables`` never imports TF.
 """
@@ -18,9 +20,9 @@ from typing import Any
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # before TF loads: no C++ info lines
 
 import keras  # noqa: E402
+import tensorflow as tf  # noqa: E402
 
 from search.contract import TrialContext  # noqa: E402
-from trainables.tf import devices as _tf_devices  # noqa: E402
 from trainables.knobs import (  # noqa: E402, F401  (the same knobs as the PyTorch twin)
     AUGMENT_DEFAULTS,
     CHOICES,
@@ -29,6 +31,7 @@ from trainables.knobs import (  # noqa: E402, F401  (the same knobs as the PyTor
     PLATEAU_PATIENCE,
 )
 from trainables.knobs import read_config as _read_config  # noqa: E402
+from trainables.tf import devices  # noqa: E402
 from trainables.tf.data import Splits  # noqa: E402
 
 POLICIES = {"fp32": "float32", "bf16": "mixed_bfloat16", "fp16": "mixed_float16"}
@@ -66,33 +69,38 @@ def setup(
     defaults: Mapping[str, Any],
     ctx: TrialContext,
     choices: Mapping[str, tuple[str, ...]] | None = None,
-) -> dict[str, Any]:
+) -> tuple[dict[str, Any], tf.distribute.Strategy]:
     """A trainable's first lines: config, precision check, threads and GPUs, fresh Keras, seed.
 
+    The twin of ``trainables.torch.common.setup``: the same arguments, and the same kind of
+    return value, ``(cfg, device)``: the filled config and where the model trains.
+
     Returns:
-        The filled config.
+        The filled config and the ``tf.distribute.Strategy`` to build the model in
+        (:func:`model_scope`): mirrored over the trial's devices when it has several
+        (:func:`trainables.tf.devices.strategy`), else the default one.
     """
     cfg = read_config(config, defaults, choices)
     device = "cuda" if ctx.device.startswith("cuda") else "cpu"
     check_precision(cfg["precision"], device)
-    _tf_devices.configure(ctx)
+    devices.configure(ctx)
     keras.backend.clear_session()  # trial processes are reused: drop the last trial's state
     set_seed(ctx.seed)
-    return cfg
+    return cfg, devices.strategy(ctx)
 
 
 @contextlib.contextmanager
-def model_scope(precision: str, ctx: TrialContext) -> Iterator[None]:
+def model_scope(precision: str, strategy: tf.distribute.Strategy) -> Iterator[None]:
     """Where a trial's model is built and compiled: its dtype policy and device strategy.
 
     Layers take the policy when they are created, so it is needed only while building; it
     is reset to ``float32`` on the way out, because trial processes are reused. The strategy
-    (:func:`trainables.tf.devices.strategy`) mirrors the model over the trial's devices when
-    it has several; its variables are created here, so the model trains with it afterwards.
+    (what :func:`setup` returns) mirrors the model over the trial's devices when it has
+    several; its variables are created here, so the model trains with it afterwards.
     """
     keras.mixed_precision.set_global_policy(POLICIES[precision])
     try:
-        with _tf_devices.strategy(ctx).scope():
+        with strategy.scope():
             yield
     finally:
         keras.mixed_precision.set_global_policy("float32")
@@ -194,7 +202,8 @@ def learning_rate(
     ``step`` decays by ``gamma`` every ``step_size`` epochs, ``cosine`` anneals to 0 over
     ``max_epochs``, ``cyclic`` is triangular between lr/10 and lr (half-period
     :data:`CYCLE_EPOCHS`), ``onecycle`` warms up from lr/25 to lr over 30 % of the run, then
-    anneals to lr/25e4. ``plateau`` keeps a plain lr that :func:`stopping_callbacks` lowers.
+    anneals to lr/25e4. ``plateau`` keeps a plain lr that
+    :func:`trainables.tf.loop.stopping_callbacks` lowers.
     """
     name, lr, sched = cfg["lr_scheduler"], cfg["lr"], keras.optimizers.schedules
     total = max(1, max_epochs * steps_per_epoch)

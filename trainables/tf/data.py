@@ -1,45 +1,44 @@
-"""From the framework's numpy :class:`~search.contract.Dataset` (or an image folder) to tf.data.
+"""From the framework's numpy :class:`~search.contract.Dataset` to tf.data.
 
-Images become NHWC float32 in [0, 1] (scaled by the training split's largest value, 16 for
-the digits); standardization is a model layer adapted on the training split only
-(``_tf_common.normalization``), so validation never leaks into the statistics. The twin of
-``trainables.torch.data``.
+The twin of ``trainables.torch.data``: the same arrays (an image folder is read by
+:func:`search.contract.dataset.materialize` for both frameworks), the same stratified
+``train_fraction`` subsample, the same scaling. Images become NHWC float32 in [0, 1], divided
+by the training split's largest value (16 for the digits, 255 for most image folders);
+standardization is a model layer adapted on the training split only
+(:func:`trainables.tf.common.normalization`), so validation never leaks into the statistics.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 
-import keras
 import numpy as np
 import tensorflow as tf
 
-from search.contract.dataset import Dataset
-from search.contract import TrialContext
+from search.contract import Dataset, TrialContext
+from search.contract.dataset import materialize, subsample
 
 
 @dataclass(frozen=True)
 class Splits:
-    """Unbatched ``(image HWC float32 in [0, 1], int label)`` datasets, training and validation."""
+    """Unbatched ``(image HWC float32 in [0, 1], int label)`` datasets, training and validation.
+
+    ``scale`` is what the inputs were divided by (the training split's largest value).
+    """
 
     train: tf.data.Dataset
     val: tf.data.Dataset
     n_train: int
     input_shape: tuple[int, int, int]
     num_classes: int
+    scale: float = 1.0
 
 
-def subsample(data: Dataset, fraction: float, seed: int = 0) -> Dataset:
-    """``data`` with a stratified ``fraction`` of its training split, the same in every trial."""
-    if fraction >= 1.0 or len(data.y_train) == 0:
-        return data
-    from sklearn.model_selection import train_test_split
-
-    n_keep = max(data.num_classes, round(fraction * len(data.y_train)))
-    x, _, y, _ = train_test_split(data.x_train, data.y_train, train_size=n_keep,
-                                  random_state=seed, stratify=data.y_train)
-    return dataclasses.replace(data, x_train=x, y_train=y)
+def load_data(data: Dataset, ctx: TrialContext, train_fraction: float = 1.0) -> Splits:
+    """The trial's datasets: ``data``'s arrays or its image folder (read now, the same way
+    in both frameworks: :func:`search.contract.dataset.materialize`), subsampled and scaled
+    (:func:`from_arrays`). The twin of ``trainables.torch.data.load_data``."""
+    return from_arrays(subsample(materialize(data, ctx.extras), train_fraction))
 
 
 def from_arrays(data: Dataset) -> Splits:
@@ -50,49 +49,15 @@ def from_arrays(data: Dataset) -> Splits:
         return np.ascontiguousarray(x.transpose(0, 2, 3, 1), dtype=np.float32) / scale
 
     x_train, x_val = images(data.x_train), images(data.x_val)
+    height, width, channels = x_train.shape[1:]
     return Splits(
         train=tf.data.Dataset.from_tensor_slices((x_train, data.y_train.astype(np.int32))),
         val=tf.data.Dataset.from_tensor_slices((x_val, data.y_val.astype(np.int32))),
         n_train=len(x_train),
-        input_shape=tuple(x_train.shape[1:]),
+        input_shape=(int(height), int(width), int(channels)),
         num_classes=int(data.num_classes),
+        scale=scale,
     )
-
-
-def load_image_folder(path: str, val_fraction: float, seed: int, image_size: int) -> Splits:
-    """Images in one subfolder per class, split reproducibly and resized to ``image_size``.
-
-    Args:
-        path: Folder with a subfolder per class (``path/<class>/*.png``, jpg, bmp, gif).
-        val_fraction: Share of the files that go to validation.
-        seed: Seed of the split (the same files go to validation in every trial).
-        image_size: Height and width the images are resized to.
-    """
-    train, val = keras.utils.image_dataset_from_directory(
-        path, validation_split=val_fraction, subset="both", seed=seed,
-        image_size=(image_size, image_size), batch_size=None, color_mode="rgb",
-    )
-    num_classes = len(train.class_names)
-
-    def scaled(ds: tf.data.Dataset) -> tf.data.Dataset:
-        return ds.map(lambda x, y: (x / 255.0, y), num_parallel_calls=tf.data.AUTOTUNE)
-
-    n_train = int(train.cardinality())
-    return Splits(scaled(train), scaled(val), n_train, (image_size, image_size, 3), num_classes)
-
-
-def load_splits(data: Dataset, ctx: TrialContext, image_size: int | None = None) -> Splits:
-    """An image folder when ``ctx.extras["data_path"]`` is set, else the arrays of ``data``.
-
-    Folder options come from ``ctx.extras`` too: ``val_fraction`` (0.2), ``split_seed`` (0),
-    ``image_size`` (32, or the trainable's own ``image_size``).
-    """
-    path = ctx.extras.get("data_path")
-    if not path:
-        return from_arrays(data)
-    size = int(image_size or ctx.extras.get("image_size", 32))
-    val_fraction = float(ctx.extras.get("val_fraction", 0.2))
-    return load_image_folder(str(path), val_fraction, int(ctx.extras.get("split_seed", 0)), size)
 
 
 def pipeline(

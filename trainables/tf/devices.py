@@ -1,9 +1,9 @@
 """Which devices a TensorFlow trial trains on: thread pools, GPU memory, replicas, strategy.
 
 TensorFlow fixes its devices when its runtime starts, so :func:`configure` runs first in
-every TF trainable (``_tf_common.setup``) and only once per process: a reused trial process
-keeps the first trial's settings, which is right because every trial of a study gets the
-same placement.
+every TF trainable (:func:`trainables.tf.common.setup`, which also returns :func:`strategy`)
+and only once per process: a reused trial process keeps the first trial's settings, which is
+right because every trial of a study gets the same placement.
 
 * **CPU threads.** The intra- and inter-op pools get the trial's CPU share
   (``ctx.num_threads``). A ``cpu`` trial hides the GPUs.

@@ -1,15 +1,24 @@
-"""The TensorFlow trainables' fit loop: one ``fit`` per epoch, checkpoints, export hook.
+"""The TensorFlow trainables' fit loop: one ``fit`` per epoch, checkpoints, the model handle.
 
-Per-epoch reporting (:func:`fit_epochs`): a generator and ``model.fit`` do not mix directly,
-so the trainable calls ``model.fit(..., initial_epoch=e, epochs=e + 1)`` once per epoch and
-yields what a small callback (:class:`EpochLogs`) captured at that epoch's end. Between two
-yields Keras is idle, so when ASHA stops the trial the framework just closes the generator.
-Keras' ``EarlyStopping`` and ``ReduceLROnPlateau`` reset their counters in
-``on_train_begin``, i.e. at every ``fit`` call; the ``Persistent*`` subclasses here run that
-reset only once, so patience counts across the per-epoch calls. The compiled train/test
-functions are cached on the model, so one ``fit`` per epoch costs no retracing. A model built
-in a ``MirroredStrategy`` scope (``_tf_devices.strategy``) trains the same way: Keras splits
-each global batch over the replicas.
+The twin of ``trainables.torch.loop``. A trainable builds and compiles its model, then
+``yield from fit_epochs(model, splits, cfg, ctx, strategy)``; each epoch yields::
+
+    train_loss, train_accuracy   over the epoch's training batches (Keras' running means)
+    val_loss, val_accuracy       on the whole validation split
+    lr                           learning rate the epoch started with
+    epoch_time_s                 wall time of the epoch (the whole ``fit`` call)
+    replicas                     devices the model is mirrored over (1 without mirroring)
+
+A generator and ``model.fit`` do not mix directly, so :func:`fit_epochs` calls
+``model.fit(..., initial_epoch=e, epochs=e + 1)`` once per epoch and yields what a small
+callback (:class:`EpochLogs`) captured at that epoch's end. Between two yields Keras is idle,
+so when ASHA stops the trial the framework just closes the generator. Keras' ``EarlyStopping``
+and ``ReduceLROnPlateau`` reset their counters in ``on_train_begin``, i.e. at every ``fit``
+call; the ``Persistent*`` subclasses here run that reset only once, so patience counts across
+the per-epoch calls. The compiled train/test functions are cached on the model, so one
+``fit`` per epoch costs no retracing. A model built in a ``MirroredStrategy`` scope
+(:func:`trainables.tf.devices.strategy`) trains the same way: Keras splits each global batch
+over the replicas.
 """
 
 from __future__ import annotations
@@ -17,16 +26,16 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
 import keras
 import numpy as np
 import tensorflow as tf
 
-from search.contract.dataset import Dataset
-from search.contract import Metrics, TrialContext, train_to_end
+from search.contract import Metrics, TrialContext
 from trainables.knobs import PLATEAU_PATIENCE
-from trainables.tf.data import load_splits, pipeline
+from trainables.tf.data import Splits, pipeline
 
 
 class _KeepStateAcrossFits(keras.callbacks.Callback):
@@ -84,26 +93,22 @@ def stopping_callbacks(cfg: Mapping[str, Any]) -> list[keras.callbacks.Callback]
     return callbacks
 
 
-def fit_epochs(
+def _fit_each_epoch(
     model: keras.Model,
     train: tf.data.Dataset,
     val: tf.data.Dataset,
     ctx: TrialContext,
-    callbacks: Sequence[keras.callbacks.Callback] = (),
+    callbacks: Sequence[keras.callbacks.Callback],
 ) -> Iterator[Metrics]:
-    """Trains one epoch per ``fit`` call and yields that epoch's metrics (see module doc).
+    """One ``fit`` call per epoch, yielding that epoch's metrics (see the module doc).
 
-    Yields:
-        ``train_loss``, ``train_accuracy``, ``val_loss``, ``val_accuracy``, ``lr`` (at the
-        epoch's start) and ``epoch_time_s`` (the whole ``fit`` call), once per epoch, at
-        most ``ctx.max_epochs`` times.
-        Returns after the epoch in which a callback set ``model.stop_training``.
+    With ``ctx.checkpoint_dir`` it saves its state (the stopping callbacks' counters updated
+    by the epoch) before each yield; with ``ctx.restore_dir`` it continues after the saved
+    epoch. Returns after the epoch in which a callback set ``model.stop_training``.
     """
     logs = EpochLogs()
     all_callbacks = [logs, *callbacks]  # the same objects every epoch: their state persists
-    first = 0
-    if ctx.restore_dir is not None:  # a retried trial continues after its last checkpoint
-        first = load_state(model, callbacks, ctx.restore_dir)
+    first = 0 if ctx.restore_dir is None else load_state(model, callbacks, ctx.restore_dir)
     for epoch in range(first, ctx.max_epochs):
         start = time.perf_counter()
         model.fit(train, validation_data=val, initial_epoch=epoch, epochs=epoch + 1,
@@ -136,8 +141,6 @@ def save_state(model: keras.Model, callbacks: Sequence[keras.callbacks.Callback]
     callback left it, moments) and ``state.json`` (the epoch and the patience counters of
     the stopping callbacks). Files are overwritten each epoch.
     """
-    from pathlib import Path
-
     path = Path(folder)
     model.save_weights(path / WEIGHTS_FILE, overwrite=True)
     counters = [{k: _scalar(getattr(cb, k)) for k in _COUNTERS
@@ -154,8 +157,6 @@ def load_state(model: keras.Model, callbacks: Sequence[keras.callbacks.Callback]
     The data order is not part of the state: the restored run's shuffles start afresh from
     the trial's seed, so it continues the run closely, not bit for bit.
     """
-    from pathlib import Path
-
     path = Path(folder)
     with model.distribute_strategy.scope():  # mirrored variables when it has replicas
         model.optimizer.build(model.trainable_variables)  # they must exist to be loaded
@@ -169,58 +170,30 @@ def load_state(model: keras.Model, callbacks: Sequence[keras.callbacks.Callback]
     return int(state["epoch"])
 
 
-def expose_model(model: keras.Model, ctx: TrialContext) -> None:
-    """Puts ``model`` into ``ctx.extras["model_out"]["model"]`` when that is a dict."""
+def expose_model(ctx: TrialContext, model: keras.Model, splits: Splits) -> None:
+    """Hands ``model`` and its data to an export hook through ``ctx.extras["model_out"]``
+    (when that is a dict): ``{"model": ..., "data": Splits}``. The twin of
+    ``trainables.torch.loop.expose_model``, called at the same place: first in :func:`fit_epochs`.
+    """
     out = ctx.extras.get("model_out")
     if isinstance(out, dict):
-        out["model"] = model
+        out.update(model=model, data=splits)
 
 
-# --- export hook (python -m search export) ---------------------------------------------------
+# --- the loop every TF trainable runs ----------------------------------------------------------
 
 
-def export_keras(train: Any, config: Mapping[str, Any], data: Dataset, ctx: TrialContext,
-                 out_dir: Any) -> Metrics:
-    """Trains ``config`` with the trainable ``train`` to its end, then saves the model.
+def fit_epochs(model: keras.Model, splits: Splits, cfg: Mapping[str, Any], ctx: TrialContext,
+               strategy: tf.distribute.Strategy) -> Iterator[Metrics]:
+    """Trains the compiled ``model`` for up to ``ctx.max_epochs`` epochs, one dict each.
 
-    Writes ``model.keras`` (reload with ``keras.models.load_model``) and ``saved_model/``
-    (``model.export``: a TF SavedModel whose ``serve`` signature takes NHWC float32 images
-    scaled to [0, 1] by ``input_scale``, the training split's largest value, and returns
-    class probabilities). The reloaded ``.keras`` file is scored on the validation split.
-
-    Returns:
-        The last epoch's metrics and ``epochs``, plus ``export_val_loss`` and
-        ``export_val_accuracy`` (the reloaded file) and ``input_scale`` (arrays only).
+    Returns early (the trial ends COMPLETE) when early stopping triggers on val_loss. The
+    twin of :func:`trainables.torch.loop.fit_epochs`; ``strategy`` is the one the model was
+    built in (:func:`trainables.tf.common.setup`), and its replica count is reported.
     """
-    from pathlib import Path
-
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    handle, last, epochs = train_to_end(train, config, data, ctx)
-    model = handle["model"]
-    model.save(out / "model.keras")
-    model.export(str(out / "saved_model"), format="tf_saved_model", verbose=False)
-    reloaded = keras.models.load_model(out / "model.keras")
-    splits = load_splits(data, ctx)
-    val_loss, val_accuracy = reloaded.evaluate(
-        pipeline(splits.val, int(config.get("batch_size", 64)), ctx.num_threads), verbose=0)
-    scale = {} if ctx.extras.get("data_path") else {"input_scale": float(data.x_train.max())}
-    return {**last, "epochs": float(epochs), "export_val_loss": float(val_loss),
-            "export_val_accuracy": float(val_accuracy), **scale}
-
-
-def train_compiled(
-    model: keras.Model, splits: Any, cfg: Mapping[str, Any], ctx: TrialContext
-) -> Iterator[Metrics]:
-    """The tail every TF trainable shares: expose the model, build the pipelines, fit.
-
-    Yields:
-        :func:`fit_epochs`' metrics plus ``replicas``, the devices the model is mirrored
-        over (1 without a ``MirroredStrategy``); the study records it.
-    """
-    expose_model(model, ctx)
+    expose_model(ctx, model, splits)
     train_ds = pipeline(splits.train, cfg["batch_size"], ctx.num_threads, ctx.seed)
     val_ds = pipeline(splits.val, cfg["batch_size"], ctx.num_threads)
-    replicas = float(model.distribute_strategy.num_replicas_in_sync)
-    for metrics in fit_epochs(model, train_ds, val_ds, ctx, stopping_callbacks(cfg)):
+    replicas = float(strategy.num_replicas_in_sync)
+    for metrics in _fit_each_epoch(model, train_ds, val_ds, ctx, stopping_callbacks(cfg)):
         yield {**metrics, "replicas": replicas}

@@ -8,8 +8,9 @@ Config keys: those of :mod:`trainables.tf.cnn` except ``channels``, plus
 * ``freeze_backbone`` (default True): train only the head;
 * ``unfreeze_blocks`` (default 0): with a frozen backbone, train its last N blocks anyway
   (their batch norms stay frozen, as Keras recommends for fine-tuning);
-* ``image_size`` (default 32, the applications' minimum): inputs are standardized, resized
-  to it, and one channel is repeated to three.
+* ``image_size`` (default 32, the applications' minimum): inputs (the digits, or an image
+  folder read at the data's ``image_size``: :func:`trainables.tf.data.load_data`) are
+  standardized, resized to it inside the model, and one channel is repeated to three.
 
 ``weight_decay`` (sgd/adam) and ``l1`` regularize the head only. The trained model is exposed
 as in :mod:`trainables.tf.cnn`: pass a dict as ``ctx.extras["model_out"]``.
@@ -30,11 +31,12 @@ from typing import Any
 import keras
 import numpy as np
 
-from search.contract.dataset import Dataset, load_digits
-from search.contract import Metrics, TrialContext
+from search.contract import Dataset, Metrics, TrialContext
+from search.contract.dataset import load_digits
 from trainables.tf import common
 from trainables.tf import data as tfdata
-from trainables.tf import loop
+from trainables.tf.export import make_exporter
+from trainables.tf.loop import fit_epochs
 
 BACKBONES = {
     "mobilenet_v3_small": keras.applications.MobileNetV3Small,
@@ -129,22 +131,21 @@ def build_model(
 
 
 def train(config: Mapping[str, Any], data: Dataset, ctx: TrialContext) -> Iterator[Metrics]:
-    """Fine-tunes the backbone and head, one metrics dict per epoch.
+    """The ``tf_transfer`` trainable: one metrics dict per epoch (:mod:`trainables.tf.loop`).
 
     Raises:
         ValueError: On an unknown config key, a bad choice, both clip options, or fp16 on CPU.
     """
-    cfg = common.setup(config, DEFAULTS, ctx, CHOICES)
-    splits = tfdata.load_splits(data, ctx, image_size=cfg["image_size"])
-    with common.model_scope(cfg["precision"], ctx):
+    cfg, strategy = common.setup(config, DEFAULTS, ctx, CHOICES)
+    splits = tfdata.load_data(data, ctx)
+    with common.model_scope(cfg["precision"], strategy):
         model, _ = build_model(cfg, splits, ctx.seed)
         common.compile_model(model, cfg, ctx.max_epochs, splits.n_train)
-    yield from loop.train_compiled(model, splits, cfg, ctx)
+    yield from fit_epochs(model, splits, cfg, ctx, strategy)
 
 
-def export(config: Mapping[str, Any], data: Dataset, ctx: TrialContext, out_dir: Any) -> Metrics:
-    """The export hook: ``model.keras`` and a SavedModel (:func:`_tf_loop.export_keras`)."""
-    return loop.export_keras(train, config, data, ctx, out_dir)
+export = make_exporter(train)
+"""The export hook (:mod:`trainables.tf.export`): ``model.keras`` and a SavedModel."""
 
 
 def recalibrate_batch_norm(model: keras.Model, backbone: keras.Model, images: np.ndarray) -> None:
@@ -195,7 +196,7 @@ def pretrain_backbone(
                    digits.y_val[keep_va], num_classes=5, name="digits0-4")
     config = {"lr": 3e-3, "backbone": backbone, "freeze_backbone": False, "image_size": image_size}
     ctx = TrialContext(max_epochs=epochs, seed=seed, num_threads=num_threads)
-    cfg = common.setup(config, DEFAULTS, ctx, CHOICES)
+    cfg, _ = common.setup(config, DEFAULTS, ctx, CHOICES)
     splits = tfdata.from_arrays(data)
     model, net = build_model(cfg, splits, seed)
     common.compile_model(model, cfg, epochs, splits.n_train)

@@ -1,4 +1,4 @@
-"""A small convolutional network for the 8x8 digits (the ``torch_cnn`` trainable).
+"""A small convolutional network for the 8x8 digits or an image folder (``torch_cnn``).
 
 Config keys (all optional): the shared ones of
 :data:`~trainables.torch.common.COMMON_DEFAULTS` (lr, batch_size, optimizer, momentum,
@@ -10,6 +10,8 @@ loader options), ``augment`` and ``hflip``, and:
                      a small share with a wide model overfits (``spaces/overfit.yaml``)
 
 At adam, lr 3e-3, batch 64 it passes 0.97 val_accuracy within about 10 epochs.
+
+Data: the framework's arrays, or an image folder (:func:`trainables.torch.data.load_data`).
 """
 
 from __future__ import annotations
@@ -19,10 +21,9 @@ from typing import Any
 
 from torch import nn
 
-from search.contract.dataset import Dataset
-from search.contract import Metrics, TrialContext
+from search.contract import Dataset, Metrics, TrialContext
 from trainables.torch.common import AUGMENT_DEFAULTS, COMMON_DEFAULTS, setup
-from trainables.torch.data import Standardize, Tensors, materialize, to_tensors
+from trainables.torch.data import Standardize, Tensors, load_data
 from trainables.torch.export import make_exporter
 from trainables.torch.loop import fit_epochs
 
@@ -56,12 +57,10 @@ def build_model(cfg: Mapping[str, Any], tensors: Tensors) -> nn.Module:
 def train(config: Mapping[str, Any], data: Dataset, ctx: TrialContext) -> Iterator[Metrics]:
     """The ``torch_cnn`` trainable: one metrics dict per epoch (:mod:`trainables.torch.loop`)."""
     cfg, device = setup(config, DEFAULTS, ctx)
-    if not 0.0 < cfg["train_fraction"] <= 1.0:
-        raise ValueError(f"train_fraction must be in (0, 1], got {cfg['train_fraction']}")
-    tensors = to_tensors(materialize(data, ctx.extras), cfg["train_fraction"])
+    tensors = load_data(data, ctx, cfg["train_fraction"])
     model = build_model(cfg, tensors)
     yield from fit_epochs(model, tensors, cfg, ctx, device)
 
 
 export = make_exporter(train)
-"""The export hook: ``model.safetensors`` and a checked ``model.onnx`` (:mod:`._torch_export`)."""
+"""The export hook (:mod:`trainables.torch.export`): ``model.safetensors``, checked ONNX."""

@@ -44,8 +44,11 @@ def setup(
 ) -> tuple[dict[str, Any], torch.device]:
     """A trainable's first lines: read the config, check precision, threads, seed, device.
 
+    The twin of ``trainables.tf.common.setup``: the same arguments, and the same kind of
+    return value, ``(cfg, device)``: the filled config and where the model trains.
+
     Returns:
-        The filled config and the device to train on.
+        The filled config and the ``torch.device`` to train on (the trial's GPU or the CPU).
     """
     cfg = read_config(config, defaults, choices)
     device = torch.device("cuda" if ctx.device.startswith("cuda") else "cpu")

@@ -1,4 +1,4 @@
-"""A recurrent network that reads each 8x8 digit row by row (the ``torch_rnn`` trainable).
+"""A recurrent network that reads each image row by row (the ``torch_rnn`` trainable).
 
 The guide's exploding-gradient scenario: the 8 rows are a sequence of 8 features each, fed
 unnormalized (pixel values 0..16, as the data comes) into a GRU or LSTM, whose last hidden
@@ -7,6 +7,9 @@ high learning rate the weights of the dense layers grow each other geometrically
 overflows to inf/NaN within a few epochs (measured, 3 seeds: GRU at lr >= 3, LSTM at lr >= 10;
 lr <= 1 trains). The same runs with ``clip_norm: 1.0`` stay finite. (The recurrent cell alone
 cannot overflow: its gates saturate; the unbounded dense path is what explodes.)
+
+Image folders work too (:func:`trainables.torch.data.load_data`): each row of the RGB image is
+one time step of ``width * 3`` features, fed as unnormalized as the digits (0..255).
 
 Config keys (all optional): the shared ones of
 :data:`~trainables.torch.common.COMMON_DEFAULTS`, and:
@@ -24,10 +27,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from search.contract.dataset import Dataset
-from search.contract import Metrics, TrialContext
+from search.contract import Dataset, Metrics, TrialContext
 from trainables.torch.common import COMMON_DEFAULTS, setup
-from trainables.torch.data import to_tensors
+from trainables.torch.data import load_data
 from trainables.torch.export import make_exporter
 from trainables.torch.loop import fit_epochs
 
@@ -38,7 +40,11 @@ CELL_CHOICES = {"cell": ("gru", "lstm")}
 
 
 class RowReader(nn.Module):
-    """GRU/LSTM over the image rows; last hidden state -> dense LeakyReLU -> classifier."""
+    """GRU/LSTM over the image rows; last hidden state -> dense LeakyReLU -> classifier.
+
+    Each row is one time step of ``features = width * channels`` values (pixel by pixel,
+    channels interleaved), multiplied back by ``input_scale`` to the data's own range.
+    """
 
     def __init__(self, cell: str, features: int, hidden: int, dropout: float,
                  num_classes: int, input_scale: float) -> None:
@@ -52,7 +58,7 @@ class RowReader(nn.Module):
         self.input_scale = input_scale
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        seq = x.flatten(1, 2) * self.input_scale  # (B, C*H, W): one row per time step
+        seq = x.permute(0, 2, 3, 1).flatten(2) * self.input_scale  # (B, H, W*C): a row a step
         # oneDNN's bf16 LSTM fails on CPUs without native bf16: the cell runs in fp32 on CPU.
         with torch.autocast("cpu", enabled=False) if x.device.type == "cpu" else nullcontext():
             out, _ = self.rnn(seq.float() if x.device.type == "cpu" else seq)
@@ -62,12 +68,12 @@ class RowReader(nn.Module):
 def train(config: Mapping[str, Any], data: Dataset, ctx: TrialContext) -> Iterator[Metrics]:
     """The ``torch_rnn`` trainable: one metrics dict per epoch (:mod:`trainables.torch.loop`)."""
     cfg, device = setup(config, DEFAULTS, ctx, CELL_CHOICES)
-    tensors = to_tensors(data)
-    width = tensors.x_train.shape[-1]
-    model = RowReader(cfg["cell"], width, cfg["hidden"], cfg["dropout"],
+    tensors = load_data(data, ctx)
+    channels, _, width = tensors.x_train.shape[1:]
+    model = RowReader(cfg["cell"], width * channels, cfg["hidden"], cfg["dropout"],
                       tensors.num_classes, input_scale=tensors.scale)
     yield from fit_epochs(model, tensors, cfg, ctx, device)
 
 
 export = make_exporter(train)
-"""The export hook: ``model.safetensors`` and a checked ``model.onnx`` (:mod:`._torch_export`)."""
+"""The export hook (:mod:`trainables.torch.export`): ``model.safetensors``, checked ONNX."""

@@ -1,8 +1,10 @@
 """Transfer learning from a torchvision backbone (the ``torch_transfer`` trainable).
 
 The backbone is built with ``weights=None`` and loaded from a local state_dict file, so nothing
-is downloaded. Digits are standardized, upsampled to ``image_size`` and repeated to 3 channels
-inside the model; a new classifier head replaces the backbone's own.
+is downloaded. Inputs (the digits, or an image folder read at the data's ``image_size``:
+:func:`trainables.torch.data.load_data`) are standardized, resized to the trainable's
+``image_size`` and, when gray, repeated to 3 channels inside the model; a new classifier head
+replaces the backbone's own.
 
 Config keys (all optional): the shared ones of
 :data:`~trainables.torch.common.COMMON_DEFAULTS`, ``augment``/``hflip``, and:
@@ -14,7 +16,7 @@ Config keys (all optional): the shared ones of
     unfreeze_blocks   with freeze_backbone: also train the last N top-level blocks
                       (resnet18: layer4, layer3, ...; mobilenet: its pre-head dense layer,
                       then features[-1], features[-2], ...)
-    image_size        side the 8x8 digits are upsampled to (default 32)
+    image_size        side the inputs are resized to inside the model (default 32)
 
 Cost of one epoch on the 1437 training digits, resnet18, image_size 32, 1 CPU thread (on a
 shared 2-core machine): frozen ~3.5 s, unfreeze_blocks 2 ~10.5 s, whole backbone ~13 s. The
@@ -37,10 +39,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from search.contract.dataset import Dataset
-from search.contract import Metrics, TrialContext
+from search.contract import Dataset, Metrics, TrialContext
 from trainables.torch.common import AUGMENT_DEFAULTS, COMMON_DEFAULTS, read_config, setup
-from trainables.torch.data import Standardize, Tensors, to_tensors
+from trainables.torch.data import Standardize, Tensors, load_data, to_tensors
 from trainables.torch.export import make_exporter
 from trainables.torch.loop import fit_epochs
 
@@ -101,7 +102,7 @@ def top_blocks(model: nn.Module, name: str) -> list[nn.Module]:
 
 
 class TransferNet(nn.Module):
-    """Standardize, upsample to ``image_size``, repeat gray to RGB, then the backbone.
+    """Standardize, resize to ``image_size``, repeat gray to RGB, then the backbone.
 
     In training mode, batch norms whose parameters are all frozen stay in eval mode, so a
     frozen backbone keeps its pretrained statistics too.
@@ -140,15 +141,15 @@ def build_model(cfg: Mapping[str, Any], tensors: Tensors) -> TransferNet:
 
 
 def train(config: Mapping[str, Any], data: Dataset, ctx: TrialContext) -> Iterator[Metrics]:
-    """The ``torch_transfer`` trainable: one metrics dict per epoch (see ``_torch_loop``)."""
+    """The ``torch_transfer`` trainable: one metrics dict per epoch (``trainables.torch.loop``)."""
     cfg, device = setup(config, DEFAULTS, ctx, BACKBONES)
-    tensors = to_tensors(data)
+    tensors = load_data(data, ctx)
     model = build_model(cfg, tensors)
     yield from fit_epochs(model, tensors, cfg, ctx, device)
 
 
 export = make_exporter(train)
-"""The export hook: ``model.safetensors`` and a checked ``model.onnx`` (:mod:`._torch_export`)."""
+"""The export hook (:mod:`trainables.torch.export`): ``model.safetensors``, checked ONNX."""
 
 
 def rotated(x: torch.Tensor, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:

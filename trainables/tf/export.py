@@ -1,0 +1,61 @@
+"""The export hook every TensorFlow trainable shares: train to the end, save, reload, check.
+
+The twin of ``trainables.torch.export``. ``export = make_exporter(train)`` next to a
+trainable's ``train`` gives it the hook of :mod:`search.contract`. The hook trains exactly as
+``train`` does (same config, seed, data; the model and its datasets come back through
+``ctx.extras["model_out"]``, which :func:`trainables.tf.loop.fit_epochs` fills), then writes
+into ``out_dir``:
+
+    model.keras    the trained model; reload it with ``keras.models.load_model``
+    saved_model/   ``model.export``: a TF SavedModel whose ``serve`` signature takes NHWC
+                   float32 images divided by ``input_scale`` (the training split's largest
+                   value: 16 for the digits, 255 for most image folders) and returns class
+                   probabilities
+
+and scores the reloaded ``model.keras`` on the validation split.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import keras
+
+from search.contract import Dataset, ExportFn, Metrics, TrainFn, TrialContext, train_to_end
+from trainables.tf.data import Splits, pipeline
+
+
+def export_keras(train: TrainFn, config: Mapping[str, Any], data: Dataset, ctx: TrialContext,
+                 out_dir: Path) -> Metrics:
+    """Trains ``config`` with the trainable ``train`` to its end, then saves the model.
+
+    Returns:
+        The last epoch's metrics and ``epochs``, plus ``export_val_loss`` and
+        ``export_val_accuracy`` (the reloaded file on the validation split) and
+        ``input_scale``.
+    """
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    handle, last, epochs = train_to_end(train, config, data, ctx)
+    model: keras.Model = handle["model"]
+    splits: Splits = handle["data"]
+    model.save(out / "model.keras")
+    model.export(str(out / "saved_model"), format="tf_saved_model", verbose=False)
+    reloaded = keras.models.load_model(out / "model.keras")
+    val = pipeline(splits.val, int(config.get("batch_size", 64)), ctx.num_threads)
+    val_loss, val_accuracy = reloaded.evaluate(val, verbose=0)
+    return {**last, "epochs": float(epochs), "export_val_loss": float(val_loss),
+            "export_val_accuracy": float(val_accuracy), "input_scale": float(splits.scale)}
+
+
+def make_exporter(train: TrainFn) -> ExportFn:
+    """The export hook (:mod:`search.contract`) of the TensorFlow trainable ``train``."""
+
+    def export(config: Mapping[str, Any], data: Dataset, ctx: TrialContext,
+               out_dir: Path) -> Metrics:
+        return export_keras(train, config, data, ctx, out_dir)
+
+    export.__doc__ = f"Export hook of ``{train.__module__}``: see :mod:`trainables.tf.export`."
+    return export
