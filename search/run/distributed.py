@@ -1,16 +1,16 @@
 """One trial, several processes: data-parallel training (PyTorch DDP) inside a Tune trial.
 
-When a trial has several workers (``gpus_per_trial: 2`` or more, or ``workers_per_trial: 2``
-on CPU), the trial's Ray actor starts that many worker processes (``python -m
+When a trial has several workers (``gpus_per_trial: 2`` or more, or ``workers_per_trial: 2`` on
+CPU), the trial's Ray actor starts that many worker processes (``python -m
 search.run.distributed``), each with its own end of a socket pair. Every worker runs the same
-trainable generator with ``ctx.extras`` naming its rank and the world size; the trainable
-(the PyTorch built-ins' loop, ``trainables/torch/loop.py``) wraps its model in
+trainable generator with ``ctx.extras`` naming its rank and the world size; the trainable (the
+PyTorch built-ins' loop, ``trainables/torch/loop.py``) wraps its model in
 ``DistributedDataParallel``, gives each rank its shard of every global batch and all-reduces
-the metrics. Rank 0 sends each epoch's metrics to the actor and waits until the actor asks
-for the next epoch, exactly like a generator paused at its ``yield``; so Tune, ASHA and the Optuna record see one trial with one
-report per epoch, and the checkpoint rank 0 writes is never overwritten while Tune copies it.
-When ASHA stops the trial (the generator is closed) or a worker fails, the actor kills the
-workers.
+the metrics. Rank 0 sends each epoch's metrics to the actor and waits until the actor asks for
+the next epoch, exactly like a generator paused at its ``yield``; so Tune, ASHA and the Optuna
+record see one trial with one report per epoch, and the checkpoint rank 0 writes is never
+overwritten while Tune copies it. When ASHA stops the trial (the generator is closed) or a
+worker fails, the actor kills the workers.
 
 Why this and not Ray Train's ``TorchTrainer`` inside the Tune trial: a nested trainer needs
 its own placement group and worker actors per trial, reports through Ray Train's session

@@ -19,10 +19,10 @@ each process uses, and the memory cap of each trial's process.
 
 Several devices per trial (``gpus_per_trial: 2``, or ``workers_per_trial: 2`` on CPUs) train
 one trial data-parallel, the way its trainable's module says (``DATA_PARALLEL``, read by
-:func:`search.contract.declarations` and passed in): ``True`` (:data:`PROCESSES`) starts
-one process per device that join a ``torch.distributed`` group (:mod:`search.run.distributed`);
-``"in_process"`` (:data:`IN_PROCESS`) keeps one process that mirrors the model over the
-devices itself (TensorFlow's ``MirroredStrategy``), told how many through ``ctx.extras["replicas"]``.
+:func:`search.contract.declarations` and passed in): ``True`` (:data:`PROCESSES`) starts one
+process per device that join a ``torch.distributed`` group (:mod:`search.run.distributed`);
+``"in_process"`` (:data:`IN_PROCESS`) keeps one process that mirrors the model over the devices
+itself (TensorFlow's ``MirroredStrategy``), told how many through ``ctx.extras["replicas"]``.
 
 The arithmetic (:func:`pack`, :func:`grow_share`, :func:`memory_fraction`, :func:`resolve`) is
 pure; the measurement and the out-of-memory retry live in :mod:`search.run.gpu_memory`.
