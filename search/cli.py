@@ -96,6 +96,19 @@ def run(
     folder = write_results(done, parsed, results)
     print_summary(console, done, summary, folder)
     _report_after_run(done.study_name, parsed.storage, results)
+    if summary.states and "COMPLETE" not in summary.states.values():
+        _no_trial_completed(done, summary.states)
+
+
+def _no_trial_completed(study: Any, states: dict[int, str]) -> None:
+    """One line and exit 1 when every trial of this run was pruned or failed."""
+    reasons = [t.user_attrs.get("fail_reason") for t in study.get_trials(deepcopy=False)
+               if t.number in states and t.state.name == "FAIL"]
+    failed = sum(s == "FAIL" for s in states.values())
+    why = f"; first failure: {one_line(str(reasons[0]))}" if reasons and reasons[0] else ""
+    typer.echo(f"error: no trial of this run completed ({failed} of {len(states)} failed{why}); "
+               f"see `python -m search trials {study.study_name}`", err=True)
+    raise typer.Exit(1)
 
 
 @app.command("trials")

@@ -7,7 +7,7 @@ import math
 from optuna.trial import TrialState
 
 from search.contract import nonfinite_reason
-from search.record.fate import EPOCH, FAIL_REASON, TrialRecord, error_summary
+from search.record.fate import EPOCH, FAIL_REASON, NO_VALUE, TrialRecord, error_summary
 
 
 def _record(values: list[float], max_epochs: int = 9, **last: object) -> TrialRecord:
@@ -48,9 +48,17 @@ def test_error_and_nothing_reported_are_fail() -> None:
     record = _record([0.4])
     record.errored = True
     assert record.fate()[0] == TrialState.FAIL
-    assert (
-        TrialRecord("acc", 3).fate()[2] == "ended before its first epoch (time limit or interrupt)"
-    )
+    assert TrialRecord("acc", 3).fate()[2] == "no epoch reported"
+    cut = TrialRecord("acc", 3, interrupted="time limit")
+    assert cut.fate()[2] == "ended before its first epoch (time limit)"
+
+
+def test_a_result_without_a_value_fails_the_trial_with_its_reason_and_no_curve() -> None:
+    record = _record([0.3])
+    reason = "metric acc missing at epoch 2 (got keys: accuracy)"
+    assert record.add({"acc": math.nan, NO_VALUE: True, FAIL_REASON: reason, EPOCH: 2}) is None
+    assert record.curve == {1: 0.3}
+    assert record.fate() == (TrialState.FAIL, None, reason)
 
 
 def test_one_value_per_epoch_even_when_result_repeats() -> None:
@@ -68,6 +76,6 @@ def test_nonfinite_reason_and_error_summary() -> None:
 
 def test_stopped_from_outside_is_pruned_and_says_so() -> None:
     record = _record([0.1, 0.2])
-    record.interrupted = True
+    record.interrupted = "time limit"
     assert record.fate()[0] == TrialState.PRUNED
-    assert record.user_attrs()["stopped_by"] == "time limit or interrupt"
+    assert record.user_attrs()["stopped_by"] == "time limit"

@@ -9,7 +9,14 @@ A user's trainable needs nothing else::
 
 from search.contract.context import RESERVED_PREFIX, ExportFn, Metrics, TrainFn, TrialContext
 from search.contract.dataset import Dataset
-from search.contract.driver import Epoch, as_metrics, drive, nonfinite_reason, train_to_end
+from search.contract.driver import (
+    Epoch,
+    as_metrics,
+    drive,
+    metric_problem,
+    nonfinite_reason,
+    train_to_end,
+)
 from search.contract.registry import (
     BUILTIN,
     Declarations,
@@ -33,6 +40,7 @@ __all__ = [
     "check_trainable",
     "declarations",
     "drive",
+    "metric_problem",
     "nonfinite_reason",
     "train_to_end",
 ]

@@ -76,6 +76,26 @@ def nonfinite_reason(metrics: Mapping[str, Any], epoch: int) -> str | None:
     return None
 
 
+def metric_problem(metrics: Mapping[str, Any], metric: str, epoch: int) -> str | None:
+    """Says why ``metrics`` (already :func:`as_metrics`) lacks a numeric ``metric``, or ``None``.
+
+    Example:
+        >>> metric_problem({"accuracy": 0.9, "loss": 0.1}, "val_accuracy", 1)
+        'metric val_accuracy missing at epoch 1 (got keys: accuracy, loss)'
+        >>> metric_problem({"val_accuracy": None}, "val_accuracy", 2)
+        'metric val_accuracy is not a number at epoch 2 (got NoneType None)'
+    """
+    if metric not in metrics:
+        keys = ", ".join(sorted(metrics)) or "none"
+        return f"metric {metric} missing at epoch {epoch} (got keys: {keys})"
+    value = metrics[metric]
+    if not isinstance(value, float):
+        shown = str(value).replace("\n", " ")
+        shown = shown if len(shown) <= 40 else shown[:37] + "..."
+        return f"metric {metric} is not a number at epoch {epoch} (got {type(value).__name__} {shown})"
+    return None
+
+
 @dataclass(frozen=True)
 class Epoch:
     """One epoch a trainable yielded.
@@ -83,7 +103,8 @@ class Epoch:
     Args:
         number: The epoch's number (from the context's ``start_epoch``).
         metrics: Its metrics, every number a Python float.
-        fail_reason: Set when a metric is NaN or infinite; the run ends with this epoch.
+        fail_reason: Set when a metric is NaN or infinite, or the objective metric is missing
+            or not a number; the run ends with this epoch.
     """
 
     number: int
@@ -92,9 +113,11 @@ class Epoch:
 
 
 def drive(
-    epochs: Iterable[Mapping[str, Any]], max_epochs: int, start: int = 1
+    epochs: Iterable[Mapping[str, Any]], max_epochs: int, start: int = 1, metric: str = ""
 ) -> Generator[Epoch, None, None]:
     """Iterates a trainable's epochs until the budget, a non-finite metric, or its own end.
+
+    With ``metric`` (the objective), an epoch without it as a number also ends the run.
 
     The trainable's generator is closed when the loop ends, also when the caller stops early
     (close this generator, or use it in ``contextlib.closing``).
@@ -108,7 +131,8 @@ def drive(
     try:
         for number, raw in enumerate(epochs, start=start):
             metrics = as_metrics(raw)
-            reason = nonfinite_reason(metrics, number)
+            missing = metric_problem(metrics, metric, number) if metric else None
+            reason = missing or nonfinite_reason(metrics, number)
             yield Epoch(number, metrics, reason)
             if reason or number >= max_epochs:
                 return

@@ -28,6 +28,8 @@ DEVICE = RESERVED_PREFIX + "device"
 NODE = RESERVED_PREFIX + "node"
 REPLICAS = RESERVED_PREFIX + "replicas"
 FAIL_REASON = RESERVED_PREFIX + "fail_reason"
+NO_VALUE = RESERVED_PREFIX + "no_value"
+"""Set on a failing result whose objective was missing or not a number (a NaN stands in)."""
 SEED = RESERVED_PREFIX + "seed"
 NUMBER = RESERVED_PREFIX + "trial_number"
 
@@ -44,10 +46,14 @@ class TrialRecord:
     error: str | None = None
     errored: bool = False
     retries: int = 0
-    interrupted: bool = False
+    interrupted: str | None = None
+    """What cut the trial short from outside: ``"time limit"`` or ``"interrupt"``."""
 
     def add(self, result: Mapping[str, Any]) -> tuple[int, float] | None:
         """Takes one reported result; returns ``(epoch, value)`` if it is a new epoch."""
+        if result.get(NO_VALUE):
+            self.last = dict(result)
+            return None
         if self.metric not in result:
             return None
         epoch = int(result.get(EPOCH, result.get("training_iteration", len(self.curve) + 1)))
@@ -69,7 +75,8 @@ class TrialRecord:
         if reason is None and self.errored:
             reason = "the trial raised an error"
         if reason is None and not self.curve:
-            reason = "ended before its first epoch (time limit or interrupt)"
+            reason = (f"ended before its first epoch ({self.interrupted})" if self.interrupted
+                      else "no epoch reported")
         if reason is not None:
             return TrialState.FAIL, None, str(reason)
         value = self.curve[self.epochs]
@@ -87,7 +94,7 @@ class TrialRecord:
             "retries": self.retries,
         }
         if self.interrupted and not self.pruned and self.epochs < self.max_epochs:
-            attrs["stopped_by"] = "time limit or interrupt"
+            attrs["stopped_by"] = self.interrupted
         for key in (DEVICE, NODE, REPLICAS):
             if key in self.last:
                 attrs[key.removeprefix(RESERVED_PREFIX)] = self.last[key]

@@ -90,8 +90,9 @@ class OptunaBridge(Searcher):
             self._add(trial_id, result)
             # Ray marks a result done when the trial ended itself or its scheduler stopped
             # it; a trial stopped by the time budget (or Ctrl-C) ends on a result that is not.
-            if not error and not result.get("done", False):
-                self._live[trial_id][1].interrupted = True
+            record = self._live[trial_id][1]
+            if not error and not result.get("done", False) and not record.interrupted:
+                record.interrupted = "interrupt"
         if error:
             # The error's text arrives just after, through ErrorCallback.on_trial_error.
             self._live[trial_id][1].errored = True
@@ -103,10 +104,10 @@ class OptunaBridge(Searcher):
         if trial_id in self._live:
             self._live[trial_id][1].pruned = True
 
-    def mark_interrupted(self, trial_id: str) -> None:
+    def mark_interrupted(self, trial_id: str, cause: str = "time limit") -> None:
         """Called by the deadline stopper when it cuts a trial short."""
         if trial_id in self._live:
-            self._live[trial_id][1].interrupted = True
+            self._live[trial_id][1].interrupted = cause
 
     def record_error(self, trial_id: str, message: str) -> None:
         """Called by :class:`ErrorCallback` with the one-line summary of a trial's error."""
@@ -120,11 +121,13 @@ class OptunaBridge(Searcher):
         if trial_id in self._live:
             self._live[trial_id][1].retries += 1
 
-    def finalize(self) -> None:
-        """Tells every trial still open its fate: errored, or cut off when the study ended."""
+    def finalize(self, cause: str = "interrupt") -> None:
+        """Tells every trial still open its fate: errored, or cut off by ``cause`` (the time
+        limit, or an interrupt) when the study ended."""
         for trial_id in list(self._live):
             record = self._live[trial_id][1]
-            record.interrupted = not record.errored
+            if not record.errored and not record.interrupted:
+                record.interrupted = cause
             self._finish(trial_id)
 
     def _add(self, trial_id: str, result: Mapping[str, Any]) -> None:

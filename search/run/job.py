@@ -22,6 +22,7 @@ class TrialJob:
     Args:
         trainable: The spec's trainable name.
         max_epochs: The epoch budget of one trial.
+        metric: The objective metric; an epoch without it as a number fails the trial.
         num_threads: CPU threads each training process uses.
         checkpoints: Whether trials checkpoint each epoch (``faults.checkpoints``).
         workers: Processes that train each trial data-parallel (:mod:`search.run.distributed`).
@@ -30,6 +31,7 @@ class TrialJob:
 
     trainable: str
     max_epochs: int
+    metric: str = ""
     num_threads: int = 1
     checkpoints: bool = True
     workers: int = 1
@@ -59,9 +61,10 @@ def trial_job(spec: StudySpec, data: Dataset, placement: Placement | None = None
     threads (a run outside Ray Tune: confirmation, ``train``)."""
     if placement is None:
         threads = max(1, int(spec.resources.cpus_per_trial or 1))
-        return TrialJob(spec.trainable, spec.budget.max_epochs, threads,
+        return TrialJob(spec.trainable, spec.budget.max_epochs, spec.objective.metric, threads,
                         checkpoints=False, extras=trial_extras(spec, data))
-    return TrialJob(spec.trainable, spec.budget.max_epochs, placement.num_threads,
+    return TrialJob(spec.trainable, spec.budget.max_epochs, spec.objective.metric,
+                    placement.num_threads,
                     checkpoints=spec.faults.checkpoints, workers=placement.workers,
                     extras=trial_extras(spec, data, placement))
 

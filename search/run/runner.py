@@ -12,7 +12,7 @@ import logging
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -62,6 +62,8 @@ class RunSummary:
     trials_this_run: int
     interrupted: tuple[int, ...] = ()
     """Trials an earlier, dead driver left open, now FAIL and replaced."""
+    states: dict[int, str] = field(default_factory=dict)
+    """Optuna trial number -> final state name, for each trial this run finished."""
 
 
 def place(spec: StudySpec, data: Dataset) -> Placement:
@@ -141,6 +143,7 @@ def run_study(spec: StudySpec, options: RunOptions = RunOptions()) -> RunSummary
     )
     packed = 0 < placement.gpus_per_trial < 1  # an out-of-memory trial retries with more GPU
     max_failures = max(spec.faults.max_failures, OOM_RETRIES if packed else 0)
+    deadline = _deadline(spec, bridge)
     tuner = tune.Tuner(
         trainable,
         tune_config=tune.TuneConfig(
@@ -159,7 +162,7 @@ def run_study(spec: StudySpec, options: RunOptions = RunOptions()) -> RunSummary
                 *options.callbacks,
             ],
             verbose=options.verbose,
-            stop=_deadline(spec, bridge),
+            stop=deadline,
             failure_config=tune.FailureConfig(max_failures=max_failures),
             checkpoint_config=tune.CheckpointConfig(num_to_keep=1),
         ),
@@ -168,7 +171,7 @@ def run_study(spec: StudySpec, options: RunOptions = RunOptions()) -> RunSummary
         tuner.fit()
     finally:
         try:
-            bridge.finalize()
+            bridge.finalize("time limit" if deadline and deadline.expired else "interrupt")
         finally:
             storage.close()
     return RunSummary(
@@ -177,4 +180,5 @@ def run_study(spec: StudySpec, options: RunOptions = RunOptions()) -> RunSummary
         seconds=time.monotonic() - start,
         trials_this_run=len(bridge.finished),
         interrupted=recovery.interrupted,
+        states=dict(bridge.finished.values()),
     )

@@ -82,6 +82,11 @@ class DeadlineStopper(Stopper):
         return True
 
     def stop_all(self) -> bool:
+        return self.expired
+
+    @property
+    def expired(self) -> bool:
+        """Whether the time limit has passed."""
         return time.monotonic() >= self._deadline
 
 

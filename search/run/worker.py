@@ -11,6 +11,7 @@ to run a diverged trial to the end.
 from __future__ import annotations
 
 import json
+import math
 import os
 import shutil
 import socket
@@ -21,7 +22,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from search.contract import RESERVED_PREFIX, TrialContext, declarations, drive
-from search.record.fate import DEVICE, EPOCH, FAIL_REASON, NODE, NUMBER, REPLICAS, SEED
+from search.record.fate import (
+    DEVICE,
+    EPOCH,
+    FAIL_REASON,
+    NO_VALUE,
+    NODE,
+    NUMBER,
+    REPLICAS,
+    SEED,
+)
 from search.run.distributed import data_parallel
 from search.run.job import TrialJob, trial_context
 from search.run.placement import share_extras
@@ -90,6 +100,15 @@ def _checkpoint(ctx: TrialContext, epoch: int) -> Any:
     return tune.Checkpoint.from_directory(folder)
 
 
+def _failed(metric: str, metrics: Mapping[str, Any], reason: str) -> dict[str, Any]:
+    """What a failing epoch's report adds: the reason and, where the objective is missing or
+    not a number, a NaN in its place (Tune's scheduler needs a number) marked as no value."""
+    added: dict[str, Any] = {FAIL_REASON: reason}
+    if metric and not isinstance(metrics.get(metric), float):
+        added.update({metric: math.nan, NO_VALUE: True})
+    return added
+
+
 def run_trial(config: dict[str, Any], job: TrialJob, data: Dataset) -> None:
     """The Ray Tune function trainable: one ``tune.report`` per epoch the trainable yields."""
     from ray import tune
@@ -105,15 +124,20 @@ def run_trial(config: dict[str, Any], job: TrialJob, data: Dataset) -> None:
         epochs = train(params, data, ctx)
     planned = job.workers * int(job.extras.get("replicas") or 1)
     try:
-        with closing(drive(epochs, job.max_epochs, start=ctx.start_epoch)) as run:
+        reported = False
+        with closing(drive(epochs, job.max_epochs, ctx.start_epoch, job.metric)) as run:
             for epoch in run:
                 replicas = int(epoch.metrics.get("replicas", planned))  # what it really used
                 report = {**epoch.metrics, EPOCH: epoch.number, DEVICE: device, NODE: node,
                           REPLICAS: replicas}
                 if epoch.fail_reason:
-                    report[FAIL_REASON] = epoch.fail_reason
+                    report.update(_failed(job.metric, epoch.metrics, epoch.fail_reason))
                 checkpoint = None if epoch.fail_reason else _checkpoint(ctx, epoch.number)
                 tune.report(report, checkpoint=checkpoint)
+                reported = True
+        if not reported and ctx.start_epoch == 1:
+            failed = _failed(job.metric, {}, "the trainable yielded no epoch")
+            tune.report({**failed, EPOCH: 0, DEVICE: device, NODE: node})
     finally:
         for folder in (ctx.checkpoint_dir, ctx.restore_dir):
             if folder:

@@ -1,5 +1,5 @@
 """Deterministic doubles for tests and benchmarks (like ``optuna.testing``)."""
 
-from search.testing.trainables import curve, curve_export, instant
+from search.testing.trainables import HOSTILE_MODES, curve, curve_export, hostile, instant
 
-__all__ = ["curve", "curve_export", "instant"]
+__all__ = ["HOSTILE_MODES", "curve", "curve_export", "hostile", "instant"]

@@ -119,3 +119,41 @@ def curve_export(config: Mapping[str, Any], data: Dataset, ctx: TrialContext,
     Path(out_dir).mkdir(parents=True, exist_ok=True)
     (Path(out_dir) / "model.json").write_text(json.dumps({"x": config.get("x"), **last}))
     return {**last, "export_val_accuracy": last.get("val_accuracy", 0.0)}
+
+
+HOSTILE_MODES = ("ok", "numpy_nan", "numpy_scalars", "typo", "every_other", "none", "string",
+                 "nothing")
+"""The ordinary mistakes of a user's trainable that :func:`hostile` makes, one per ``mode``."""
+
+
+def hostile(config: Mapping[str, Any], data: Dataset, ctx: TrialContext) -> Iterator[Any]:
+    """A trainable that makes the ``mode`` mistake of :data:`HOSTILE_MODES` (test the record).
+
+    ``ok``: plain floats. ``numpy_nan``: NumPy scalars whose loss turns ``np.float32('nan')``
+    at epoch 2. ``numpy_scalars``: ``np.float32`` and 0-d array values, all finite. ``typo``:
+    ``accuracy`` instead of ``val_accuracy``. ``every_other``: the objective on odd epochs
+    only. ``none``: the objective is ``None`` at epoch 2. ``string``: the objective is a
+    string. ``nothing``: yields no epoch at all.
+    """
+    import numpy as np
+
+    mode = str(config.get("mode", "ok"))
+    if mode == "nothing":
+        return
+    for epoch in range(ctx.start_epoch, ctx.max_epochs + 1):
+        accuracy = 0.5 + 0.1 * epoch
+        metrics: dict[str, Any] = {"val_accuracy": accuracy, "val_loss": 1.0 - accuracy}
+        if mode == "numpy_nan":
+            metrics = {"val_accuracy": np.float64(accuracy),
+                       "val_loss": np.float32("nan") if epoch >= 2 else np.float32(0.5)}
+        elif mode == "numpy_scalars":
+            metrics = {"val_accuracy": np.float32(accuracy), "val_loss": np.array(0.25)}
+        elif mode == "typo":
+            metrics = {"accuracy": accuracy, "loss": 1.0 - accuracy}
+        elif mode == "every_other" and epoch % 2 == 0:
+            metrics.pop("val_accuracy")
+        elif mode == "none" and epoch == 2:
+            metrics["val_accuracy"] = None
+        elif mode == "string":
+            metrics["val_accuracy"] = f"{accuracy:.2f}"
+        yield metrics

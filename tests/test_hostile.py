@@ -1,0 +1,55 @@
+"""The record holds whatever a user's trainable yields: one real study, one trial per mistake.
+
+Through a real local Ray with ASHA on (whose scheduler needs a number in every result): every
+trial ends COMPLETE or FAIL with the true reason, the study goes on, and nothing raises.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+
+from search.record.study import load_study
+from search.run.runner import RunOptions, run_study
+from search.spec.schema import parse_spec
+from search.testing import HOSTILE_MODES
+from tests.conftest import base_spec
+
+pytestmark = [pytest.mark.ray, pytest.mark.slow]
+
+EXPECTED = {
+    "ok": ("COMPLETE", None, [0.6, 0.7, 0.8]),
+    "numpy_scalars": ("COMPLETE", None, [0.6, 0.7, 0.8]),
+    "numpy_nan": ("FAIL", "val_loss is nan at epoch 2", [0.6, 0.7]),
+    "typo": ("FAIL", "metric val_accuracy missing at epoch 1 (got keys: accuracy, loss)", []),
+    "every_other": ("FAIL", "metric val_accuracy missing at epoch 2 (got keys: val_loss)", [0.6]),
+    "none": ("FAIL", "metric val_accuracy is not a number at epoch 2 (got NoneType None)", [0.6]),
+    "string": ("FAIL", "metric val_accuracy is not a number at epoch 1 (got str 0.60)", []),
+    "nothing": ("FAIL", "the trainable yielded no epoch", []),
+}
+
+
+def test_each_mistake_gets_its_true_record(ray_local: None, tmp_path: Path) -> None:
+    assert set(EXPECTED) == set(HOSTILE_MODES)
+    spec = parse_spec(base_spec(
+        tmp_path, study="hostile", trainable="search.testing:hostile",
+        budget={"trials": len(HOSTILE_MODES), "max_epochs": 3},
+        sampler={"name": "grid", "seed": 0},
+        # ASHA multiplies every result's metric; its only rung is the last epoch, so it prunes none
+        asha={"enabled": True, "grace_period": 3, "reduction_factor": 3},
+        space={"mode": {"choice": list(HOSTILE_MODES)}},
+        faults={"max_failures": 0},
+    ))
+    summary = run_study(spec, RunOptions(results_dir=tmp_path / "results", progress=False))
+    assert summary.trials_this_run == len(HOSTILE_MODES)
+    trials = {t.params["mode"]: t for t in load_study("hostile", spec.storage).trials}
+    assert set(trials) == set(HOSTILE_MODES)
+    for mode, (state, reason, curve) in EXPECTED.items():
+        trial = trials[mode]
+        values = [trial.intermediate_values[e] for e in sorted(trial.intermediate_values)]
+        assert (trial.state.name, trial.user_attrs.get("fail_reason")) == (state, reason), mode
+        assert len(values) == len(curve) and all(
+            math.isclose(v, c, rel_tol=1e-6) for v, c in zip(values, curve, strict=True)), mode
+        assert all(isinstance(v, float) for v in values)
