@@ -73,12 +73,14 @@ def test_torch_rnn_and_transfer_train_on_the_folder(name: str, png_tree: Path) -
 
     train, config = {
         "rnn": (torch_rnn.train, {"hidden": 16}),
-        "transfer": (torch_transfer.train, {"backbone": "mobilenet_v3_small",
-                                            "image_size": 32}),
+        "transfer": (torch_transfer.train, {"backbone": "mobilenet_v3_small", "image_size": 32}),
     }[name]
     out: dict[str, Any] = {}
-    ctx = TrialContext(max_epochs=1, num_threads=1,
-                       extras={"data_path": str(png_tree), "image_size": 16, "model_out": out})
+    ctx = TrialContext(
+        max_epochs=1,
+        num_threads=1,
+        extras={"data_path": str(png_tree), "image_size": 16, "model_out": out},
+    )
     rows = list(train(config, image_folder(png_tree, 16), ctx))
     assert len(rows) == 1 and np.isfinite(rows[0]["val_loss"])
     assert out["data"].x_train.shape[1:] == (3, 16, 16)  # the folder's RGB images

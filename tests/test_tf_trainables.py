@@ -47,12 +47,19 @@ def digits() -> Dataset:
 @pytest.fixture(scope="module")
 def small(digits: Dataset) -> Dataset:
     """256 training and 64 validation digits: a few batches an epoch."""
-    return Dataset(digits.x_train[:256], digits.y_train[:256], digits.x_val[:64],
-                   digits.y_val[:64], num_classes=10, name="digits-small")
+    return Dataset(
+        digits.x_train[:256],
+        digits.y_train[:256],
+        digits.x_val[:64],
+        digits.y_val[:64],
+        num_classes=10,
+        name="digits-small",
+    )
 
 
-def run(train: Any, config: Mapping[str, Any], data: Dataset, max_epochs: int,
-        **extras: Any) -> tuple[list[dict[str, float]], keras.Model]:
+def run(
+    train: Any, config: Mapping[str, Any], data: Dataset, max_epochs: int, **extras: Any
+) -> tuple[list[dict[str, float]], keras.Model]:
     """All epochs of one trial, and its model (through ``extras["model_out"]``)."""
     out: dict[str, keras.Model] = {}
     ctx = TrialContext(max_epochs=max_epochs, num_threads=2, extras={"model_out": out, **extras})
@@ -87,8 +94,9 @@ def test_clip_norm_is_set_on_the_optimizer(trained: Any) -> None:
     assert model.optimizer.clipvalue is None
 
 
-def test_saved_model_reloads_with_the_same_val_accuracy(trained: Any, digits: Dataset,
-                                                         tmp_path: Path) -> None:
+def test_saved_model_reloads_with_the_same_val_accuracy(
+    trained: Any, digits: Dataset, tmp_path: Path
+) -> None:
     metrics, model = trained
     model.save(tmp_path / "cnn.keras")
     reloaded = keras.models.load_model(tmp_path / "cnn.keras")
@@ -137,8 +145,14 @@ def test_unknown_key_and_both_clips_are_rejected(small: Dataset) -> None:
 
 
 def test_bf16_runs_and_the_policy_is_reset(small: Dataset) -> None:
-    tiny = Dataset(small.x_train[:64], small.y_train[:64], small.x_val[:32], small.y_val[:32],
-                   num_classes=10, name="tiny")
+    tiny = Dataset(
+        small.x_train[:64],
+        small.y_train[:64],
+        small.x_val[:32],
+        small.y_val[:32],
+        num_classes=10,
+        name="tiny",
+    )
     metrics, model = run(tf_cnn.train, {"precision": "bf16", "channels": 8}, tiny, max_epochs=1)
     assert math.isfinite(metrics[0]["val_loss"])
     assert model.dtype_policy.name == "mixed_bfloat16"
@@ -158,8 +172,14 @@ def test_image_folder_trains_one_epoch(digits: Dataset, tmp_path: Path) -> None:
             Image.fromarray(pixels, "L").resize((16, 16)).save(folder / f"{i}.png")
     empty = np.zeros((0, 1, 8, 8), np.float32)
     none = Dataset(empty, np.zeros(0, np.int64), empty, np.zeros(0, np.int64), 10, "image_folder")
-    metrics, model = run(tf_cnn.train, {"channels": 8}, none, max_epochs=1,
-                         data_path=str(tmp_path / "images"), image_size=16)
+    metrics, model = run(
+        tf_cnn.train,
+        {"channels": 8},
+        none,
+        max_epochs=1,
+        data_path=str(tmp_path / "images"),
+        image_size=16,
+    )
     assert len(metrics) == 1 and set(metrics[0]) >= KEYS
     assert tuple(model.input_shape) == (None, 16, 16, 3)
     assert model.output_shape == (None, 10)
@@ -175,8 +195,9 @@ def _backbone(model: keras.Model) -> keras.Model:
     return next(layer for layer in model.layers if isinstance(layer, keras.Model))
 
 
-def test_transfer_loads_weights_freezes_backbone_and_trains_head(pretrained: str,
-                                                                 small: Dataset) -> None:
+def test_transfer_loads_weights_freezes_backbone_and_trains_head(
+    pretrained: str, small: Dataset
+) -> None:
     out: dict[str, keras.Model] = {}
     ctx = TrialContext(max_epochs=2, num_threads=2, extras={"model_out": out})
     config = {"lr": 3e-3, "weights_path": pretrained, "freeze_backbone": True}
@@ -188,8 +209,9 @@ def test_transfer_loads_weights_freezes_backbone_and_trains_head(pretrained: str
     from_file = tf_transfer.make_backbone("mobilenet_v3_small", 32)
     from_file.load_weights(pretrained)
     fresh = tf_transfer.make_backbone("mobilenet_v3_small", 32)
-    for now, then, saved in zip(backbone.get_weights(), before, from_file.get_weights(),
-                                strict=True):
+    for now, then, saved in zip(
+        backbone.get_weights(), before, from_file.get_weights(), strict=True
+    ):
         np.testing.assert_array_equal(now, then)  # frozen: moving statistics included
         np.testing.assert_array_equal(now, saved)  # what the file holds
     pairs = zip(from_file.get_weights(), fresh.get_weights(), strict=True)
@@ -212,21 +234,30 @@ def test_pretrain_wants_a_weights_h5_path(tmp_path: Path) -> None:
         tf_transfer.pretrain_backbone(tmp_path / "backbone.h5")
 
 
-def test_checkpoint_restores_weights_optimizer_counters_and_epoch(digits: Dataset,
-                                                                   tmp_path: Path) -> None:
+def test_checkpoint_restores_weights_optimizer_counters_and_epoch(
+    digits: Dataset, tmp_path: Path
+) -> None:
     """A retried trial continues after its last checkpoint instead of starting over."""
     import json
 
     cfg = {"lr": 3e-3, "channels": 8, "lr_scheduler": "plateau", "early_stopping_patience": 5}
     saved = tmp_path / "ckpt"
     saved.mkdir()
-    first = list(tf_cnn.train(cfg, digits, TrialContext(max_epochs=3, num_threads=2,
-                                                        checkpoint_dir=str(saved))))
+    first = list(
+        tf_cnn.train(
+            cfg, digits, TrialContext(max_epochs=3, num_threads=2, checkpoint_dir=str(saved))
+        )
+    )
     state = json.loads((saved / loop.STATE_FILE).read_text())
     assert state["epoch"] == 3 and (saved / loop.WEIGHTS_FILE).exists()
     out: dict[str, keras.Model] = {}
-    ctx = TrialContext(max_epochs=5, num_threads=2, restore_dir=str(saved), start_epoch=4,
-                       extras={"model_out": out})
+    ctx = TrialContext(
+        max_epochs=5,
+        num_threads=2,
+        restore_dir=str(saved),
+        start_epoch=4,
+        extras={"model_out": out},
+    )
     resumed = list(tf_cnn.train(cfg, digits, ctx))
     assert len(resumed) == 2  # epochs 4 and 5 only
     steps = math.ceil(len(digits.y_train) / 64)

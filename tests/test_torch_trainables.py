@@ -35,8 +35,13 @@ def digits() -> Dataset:
 @pytest.fixture(scope="module")
 def few_digits(digits: Dataset) -> Dataset:
     """192 training and 96 validation digits: enough to see weights move, fast for a ResNet."""
-    return replace(digits, x_train=digits.x_train[:192], y_train=digits.y_train[:192],
-                   x_val=digits.x_val[:96], y_val=digits.y_val[:96])
+    return replace(
+        digits,
+        x_train=digits.x_train[:192],
+        y_train=digits.y_train[:192],
+        x_val=digits.x_val[:96],
+        y_val=digits.y_val[:96],
+    )
 
 
 def run(
@@ -65,7 +70,9 @@ def test_each_trainable_yields_the_metric_keys_every_epoch(name, digits, few_dig
         "cnn": (torch_cnn.train, SMALL_CNN, digits),
         "rnn": (torch_rnn.train, {"hidden": 16}, digits),
         "transfer": (
-            torch_transfer.train, {"weights_path": resnet_file, "image_size": 16}, few_digits
+            torch_transfer.train,
+            {"weights_path": resnet_file, "image_size": 16},
+            few_digits,
         ),
     }[name]
     rows = run(train, config, data, epochs=2)
@@ -143,19 +150,21 @@ def test_an_augmented_cnn_trial_does_not_import_torchvision():
     import subprocess
     import sys
 
-    code = ("import sys; from search.contract.dataset import load_digits; "
-            "from search.contract import TrialContext; "
-            "from trainables.torch.cnn import train; d = load_digits(0.2, 0); "
-            "next(train({'channels': 4, 'augment': 0.4, 'hflip': True}, d, "
-            "TrialContext(max_epochs=1))); print('torchvision' in sys.modules)")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          check=True)
+    code = (
+        "import sys; from search.contract.dataset import load_digits; "
+        "from search.contract import TrialContext; "
+        "from trainables.torch.cnn import train; d = load_digits(0.2, 0); "
+        "next(train({'channels': 4, 'augment': 0.4, 'hflip': True}, d, "
+        "TrialContext(max_epochs=1))); print('torchvision' in sys.modules)"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "False"
 
 
 def test_early_stopping_returns_before_max_epochs(digits):
-    rows = run(torch_cnn.train, {**SMALL_CNN, "lr": 0.0, "early_stopping_patience": 1}, digits,
-               epochs=10)
+    rows = run(
+        torch_cnn.train, {**SMALL_CNN, "lr": 0.0, "early_stopping_patience": 1}, digits, epochs=10
+    )
     assert len(rows) == 2  # epoch 1 sets the best val_loss, epoch 2 does not improve on it
 
 
@@ -198,8 +207,9 @@ def test_rnn_explodes_at_high_lr_without_clipping_and_stays_finite_with_it(cell,
 def fit_transfer(config: dict[str, Any], data: Dataset) -> tuple[dict, dict]:
     """One epoch of the transfer trainable's own model and loop: resnet18 state before and after."""
     ctx = TrialContext(max_epochs=1, num_threads=1)
-    cfg, device = torch_common.setup({"image_size": 16, **config}, torch_transfer.DEFAULTS, ctx,
-                                      torch_transfer.BACKBONES)
+    cfg, device = torch_common.setup(
+        {"image_size": 16, **config}, torch_transfer.DEFAULTS, ctx, torch_transfer.BACKBONES
+    )
     tensors = to_tensors(data)
     model = torch_transfer.build_model(cfg, tensors)
     before = {k: v.clone() for k, v in model.backbone.state_dict().items()}
@@ -232,8 +242,9 @@ def test_unfrozen_backbone_and_unfrozen_blocks_change(few_digits, resnet_file):
 
 
 def test_pretrained_backbone_file_loads_into_the_trainable(tmp_path, few_digits, resnet_file):
-    path = torch_transfer.pretrain_backbone(tmp_path / "mb.pt", backbone="mobilenet_v3_small",
-                                            epochs=1, image_size=16)
+    path = torch_transfer.pretrain_backbone(
+        tmp_path / "mb.pt", backbone="mobilenet_v3_small", epochs=1, image_size=16
+    )
     config = {"backbone": "mobilenet_v3_small", "weights_path": path, "image_size": 16}
     rows = run(torch_transfer.train, config, few_digits, epochs=1)
     assert finite(rows)
@@ -270,8 +281,14 @@ def test_unknown_keys_and_bad_choices_are_rejected(digits):
 
 def test_checkpoint_restores_model_optimizer_and_epoch(tmp_path, digits):
     """A retried trial continues after its last checkpoint instead of starting over."""
-    cfg = {"optimizer": "adam", "lr": 3e-3, "batch_size": 64, "channels": 8,
-           "lr_scheduler": "step", "early_stopping_patience": 5}
+    cfg = {
+        "optimizer": "adam",
+        "lr": 3e-3,
+        "batch_size": 64,
+        "channels": 8,
+        "lr_scheduler": "step",
+        "early_stopping_patience": 5,
+    }
     saved = tmp_path / "ckpt"
     saved.mkdir()
     first = TrialContext(max_epochs=3, seed=0, checkpoint_dir=str(saved))
@@ -307,7 +324,8 @@ def test_a_checkpoint_holds_early_stopping_updated_with_its_own_epoch(tmp_path, 
     assert (restored.best, restored.bad_epochs) == (rows[0]["val_loss"], 1)
 
     whole = run(torch_cnn.train, config, few_digits, epochs=10)
-    resumed = run(torch_cnn.train, config, few_digits, epochs=10, restore_dir=str(saved),
-                  start_epoch=3)
+    resumed = run(
+        torch_cnn.train, config, few_digits, epochs=10, restore_dir=str(saved), start_epoch=3
+    )
     assert len(whole) == 3  # best at epoch 1, two epochs without improvement
     assert len(resumed) == 1  # epoch 3 only, as in the uninterrupted trial

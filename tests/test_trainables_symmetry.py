@@ -56,9 +56,17 @@ def folder(tmp_path_factory: pytest.TempPathFactory) -> Folder:
 
 def context(root: Path, **extras: Any) -> TrialContext:
     """What the runner passes a trial of ``data: {name: image_folder}``."""
-    return TrialContext(max_epochs=1, num_threads=2, extras={
-        "data_path": str(root), "image_size": SIZE, "val_fraction": 0.3, "split_seed": 5,
-        **extras})
+    return TrialContext(
+        max_epochs=1,
+        num_threads=2,
+        extras={
+            "data_path": str(root),
+            "image_size": SIZE,
+            "val_fraction": 0.3,
+            "split_seed": 5,
+            **extras,
+        },
+    )
 
 
 def torch_images(x: torch.Tensor, scale: float) -> np.ndarray:

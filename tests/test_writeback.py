@@ -66,3 +66,34 @@ def test_a_failed_background_write_is_raised_at_close(tmp_path: Path) -> None:
     storage.set_trial_user_attr(trial._trial_id, "late", 1)  # the trial is already finished
     with pytest.raises(RuntimeError, match="study write"):
         storage.close()
+
+
+def test_a_final_state_that_cannot_be_written_raises_at_tell_not_at_close(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    study, storage, url = _pair(tmp_path)
+    trial = study.ask()
+    inner_write = storage.inner.set_trial_state_values
+
+    def refuse(trial_id: int, state: TrialState, values: object = None) -> bool:
+        if state.is_finished():
+            raise OSError("disk full")
+        return inner_write(trial_id, state, values)
+
+    monkeypatch.setattr(storage.inner, "set_trial_state_values", refuse)
+    with pytest.raises(OSError, match="disk full"):
+        study.tell(trial, 1.0)
+    monkeypatch.undo()
+    storage.close()
+    assert optuna.load_study(study_name="w", storage=url).trials[0].state == TrialState.RUNNING
+
+
+def test_a_trial_whose_queued_write_failed_is_not_told_finished(tmp_path: Path) -> None:
+    study, storage, url = _pair(tmp_path)
+    trial = study.ask()
+    trial.set_user_attr("bad", object())  # not JSON: the background write fails
+    with pytest.raises(RuntimeError, match="earlier write"):
+        study.tell(trial, 1.0)
+    with pytest.raises(RuntimeError, match="study write"):
+        storage.close()
+    assert optuna.load_study(study_name="w", storage=url).trials[0].state == TrialState.RUNNING

@@ -94,8 +94,9 @@ def subsample(data: Dataset, fraction: float, seed: int = 0) -> Dataset:
     from sklearn.model_selection import train_test_split
 
     n_keep = max(len(np.unique(data.y_train)), round(fraction * len(data.y_train)))
-    x, _, y, _ = train_test_split(data.x_train, data.y_train, train_size=n_keep,
-                                  random_state=seed, stratify=data.y_train)
+    x, _, y, _ = train_test_split(
+        data.x_train, data.y_train, train_size=n_keep, random_state=seed, stratify=data.y_train
+    )
     return dataclasses.replace(data, x_train=x, y_train=y)
 
 
@@ -162,9 +163,7 @@ def read_image(path: Path, image_size: int) -> np.ndarray:
     return np.asarray(rgb, dtype=np.float32).transpose(2, 0, 1).copy()
 
 
-def read_image_folder(
-    path: str | Path, image_size: int, val_fraction: float, seed: int
-) -> Dataset:
+def read_image_folder(path: str | Path, image_size: int, val_fraction: float, seed: int) -> Dataset:
     """Reads a class-subfolder tree into arrays and splits it with :func:`split`.
 
     Every framework reads folders through here, so the same files go to validation and the

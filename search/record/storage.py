@@ -49,6 +49,9 @@ def expand(url: str) -> str:
 def redact(url: str) -> str:
     """The URL with any password replaced by ``***``, safe to print or store.
 
+    The password runs from the user name's ``:`` to the *last* ``@`` of the URL's authority,
+    so an unencoded ``@`` inside it is masked too (masking too much is safe; too little leaks).
+
     Example:
         >>> redact("postgresql://bob:s3cret@db:5432/optuna")
         'postgresql://bob:***@db:5432/optuna'
@@ -56,8 +59,10 @@ def redact(url: str) -> str:
         'postgresql://bob:${PGPASSWORD}@db/optuna'
         >>> redact("postgresql://:s3cret@db/optuna?sslmode=require&password=s3cret")
         'postgresql://:***@db/optuna?sslmode=require&password=***'
+        >>> redact("postgresql://bob:p@ss@w0rd@db/optuna")
+        'postgresql://bob:***@db/optuna'
     """
-    url = re.sub(r"(://[^:/@]*:)(?!\$\{\w+\}@)[^@]*@", r"\1***@", url)
+    url = re.sub(r"(://[^:/@]*:)(?!\$\{\w+\}@[^@]*$)[^?#]*@", r"\1***@", url)
     return re.sub(r"([?&]password=)(?!\$\{\w+\}(?:&|$))[^&]*", r"\1***", url)
 
 

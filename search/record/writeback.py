@@ -7,9 +7,9 @@ read. :class:`WriteBehindStorage` queues those writes and one background thread 
 in the order they were made; everything else (creating a trial, its parameters, every read)
 goes straight to the wrapped storage.
 
-The one write that waits is a trial's final state: ``tell`` returns only once it (and
-everything queued before it) is committed, so a driver killed right after loses no finished
-trial. Reads stay consistent for the driver: a read of a trial with writes still queued returns the
+The one write that waits is a trial's final state: it is written through, after everything
+queued before it, so ``tell`` returns only once it is committed (a driver killed right after
+loses no finished trial) and raises at once when it, or a queued write of that trial, failed. Reads stay consistent for the driver: a read of a trial with writes still queued returns the
 trial with those writes applied (an overlay), so ``tell`` of a PRUNED trial still sees its last
 intermediate value and the sampler sees a finished trial as finished. A trial this driver
 created is only ever written by this driver, so until it finishes ``get_trial`` answers from a
@@ -83,6 +83,7 @@ class WriteBehindStorage(BaseStorage):
         self._pending: dict[int, list[tuple[int, str, tuple[Any, ...]]]] = {}
         self._seq = 0
         self._errors: list[BaseException] = []
+        self._failed: dict[int, int] = {}  # trial id -> its queued writes that failed
         self._thread: threading.Thread | None = None
         self._closed = False
         self._own: dict[int, FrozenTrial | None] = {}  # trials created here, until finished
@@ -108,6 +109,8 @@ class WriteBehindStorage(BaseStorage):
                 except BaseException as exc:  # kept, raised by close(); the loop goes on
                     _log.warning("storage write %s(trial %s) failed: %s", method, trial_id, exc)
                     self._errors.append(exc)
+                    with self._lock:
+                        self._failed[trial_id] = self._failed.get(trial_id, 0) + 1
                 with self._lock:
                     ops = self._pending.get(trial_id, [])
                     ops[:] = [op for op in ops if op[0] != seq]
@@ -198,14 +201,22 @@ class WriteBehindStorage(BaseStorage):
     def set_trial_state_values(
         self, trial_id: int, state: TrialState, values: Sequence[float] | None = None
     ) -> bool:
-        if not state.is_finished():  # WAITING -> RUNNING must know whether it won the trial
-            self.flush()
-            return self.inner.set_trial_state_values(trial_id, state, values)
-        self._defer(trial_id, "set_trial_state_values", state, values)
-        # A finished trial is durable when ``tell`` returns: a driver killed a moment later
-        # must not lose it (its epochs may lag by the queue, its fate may not).
+        """Not deferred: WAITING -> RUNNING must know whether it won the trial, and a finished
+        state is written through, after the trial's queued writes, so ``tell`` returns once the
+        fate is durable and raises at once if it could not be written (a driver killed a
+        moment later loses no finished trial; its epochs may lag, its fate may not)."""
         self.flush()
-        return True
+        failed = self._failed_writes(trial_id)
+        if failed:
+            raise RuntimeError(f"trial {trial_id}: {failed} earlier write(s) failed; its state "
+                               f"is not written: {self._errors[-1]}") from self._errors[-1]
+        with self._lock:
+            self._own.pop(trial_id, None)
+        return self.inner.set_trial_state_values(trial_id, state, values)
+
+    def _failed_writes(self, trial_id: int) -> int:
+        with self._lock:
+            return self._failed.get(trial_id, 0)
 
     # ---- straight through -------------------------------------------------------------------
 

@@ -74,9 +74,15 @@ class DeadlineStopper(Stopper):
     def __init__(self, seconds: float, on_stop: Callable[[str], None]) -> None:
         self._deadline = time.monotonic() + seconds
         self._on_stop = on_stop
+        self._seen: dict[str, Any] = {}  # trial id -> the last iteration it reported
 
     def __call__(self, trial_id: str, result: dict) -> bool:
-        if time.monotonic() < self._deadline:
+        # When a trial's generator returns, Tune hands its last result in once more; that
+        # trial ended by itself (early stopping, the budget), whatever the clock says.
+        iteration = result.get(TIME_ATTR)
+        repeated = iteration is not None and self._seen.get(trial_id) == iteration
+        self._seen[trial_id] = iteration
+        if repeated or time.monotonic() < self._deadline:
             return False
         self._on_stop(trial_id)
         return True

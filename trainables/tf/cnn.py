@@ -39,7 +39,10 @@ from trainables.tf.export import make_exporter
 from trainables.tf.loop import fit_epochs
 
 DEFAULTS: dict[str, Any] = {
-    **common.COMMON_DEFAULTS, **common.AUGMENT_DEFAULTS, "channels": 32, "train_fraction": 1.0,
+    **common.COMMON_DEFAULTS,
+    **common.AUGMENT_DEFAULTS,
+    "channels": 32,
+    "train_fraction": 1.0,
 }
 """Every key :func:`train` reads, with its default."""
 DATA_PARALLEL = "in_process"
@@ -57,8 +60,9 @@ def build_model(cfg: Mapping[str, Any], splits: tfdata.Splits, seed: int) -> ker
     c, p, reg = int(cfg["channels"]), cfg["dropout"], common.regularizer(cfg)
 
     def conv(filters: int) -> keras.layers.Layer:
-        return keras.layers.Conv2D(filters, 3, padding="same", activation="relu",
-                                   kernel_regularizer=reg)
+        return keras.layers.Conv2D(
+            filters, 3, padding="same", activation="relu", kernel_regularizer=reg
+        )
 
     inputs, x = common.model_inputs(cfg, splits, seed)
     x = keras.layers.MaxPooling2D()(conv(c)(conv(c)(x)))
@@ -66,8 +70,9 @@ def build_model(cfg: Mapping[str, Any], splits: tfdata.Splits, seed: int) -> ker
     x = keras.layers.Dropout(p)(keras.layers.Flatten()(x))
     x = keras.layers.Dense(128, activation="relu", kernel_regularizer=reg)(x)
     x = keras.layers.Dropout(p)(x)
-    outputs = keras.layers.Dense(splits.num_classes, activation="softmax", dtype="float32",
-                                 kernel_regularizer=reg)(x)
+    outputs = keras.layers.Dense(
+        splits.num_classes, activation="softmax", dtype="float32", kernel_regularizer=reg
+    )(x)
     return keras.Model(inputs, outputs, name="tf_cnn")
 
 

@@ -216,8 +216,13 @@ def learning_rate(
         return TriangularCyclicLR(lr / 10, lr, max(1, CYCLE_EPOCHS * steps_per_epoch))
     if name == "onecycle":
         warmup = max(1, int(0.3 * total))
-        return sched.CosineDecay(lr / 25, decay_steps=max(1, total - warmup), alpha=1 / 25e4,
-                                 warmup_target=lr, warmup_steps=warmup)
+        return sched.CosineDecay(
+            lr / 25,
+            decay_steps=max(1, total - warmup),
+            alpha=1 / 25e4,
+            warmup_target=lr,
+            warmup_steps=warmup,
+        )
     return lr
 
 
@@ -243,7 +248,9 @@ def compile_model(
     """Compiles with the config's optimizer and schedule, sparse cross-entropy and accuracy."""
     steps_per_epoch = max(1, math.ceil(n_train / cfg["batch_size"]))
     optimizer = build_optimizer(cfg, learning_rate(cfg, max_epochs, steps_per_epoch))
-    model.compile(optimizer=optimizer, loss="sparse_categorical_crossentropy",
-                  metrics=["accuracy"], jit_compile=False)
-
-
+    model.compile(
+        optimizer=optimizer,
+        loss="sparse_categorical_crossentropy",
+        metrics=["accuracy"],
+        jit_compile=False,
+    )

@@ -42,7 +42,8 @@ def _gpu_memory(ctx: TrialContext, gpus: list[Any]) -> str:
         limit_mib = int(float(fraction) * int(total) / 2**20)
         for gpu in gpus:
             tf.config.set_logical_device_configuration(
-                gpu, [tf.config.LogicalDeviceConfiguration(memory_limit=limit_mib)])
+                gpu, [tf.config.LogicalDeviceConfiguration(memory_limit=limit_mib)]
+            )
         return f"capped at {limit_mib} MiB per GPU"
     for gpu in gpus:
         tf.config.experimental.set_memory_growth(gpu, True)
@@ -52,7 +53,8 @@ def _gpu_memory(ctx: TrialContext, gpus: list[Any]) -> str:
 def _cpu_replicas(count: int) -> str:
     cpus = tf.config.list_physical_devices("CPU")
     tf.config.set_logical_device_configuration(
-        cpus[0], [tf.config.LogicalDeviceConfiguration() for _ in range(count)])
+        cpus[0], [tf.config.LogicalDeviceConfiguration() for _ in range(count)]
+    )
     return f"{count} logical CPU devices"
 
 
@@ -90,7 +92,7 @@ def strategy(ctx: TrialContext) -> tf.distribute.Strategy:
     kind = "GPU" if ctx.device.startswith("cuda") else "CPU"
     devices = [d.name for d in tf.config.list_logical_devices(kind)]
     if kind == "CPU":
-        devices = devices[:replicas(ctx)]
+        devices = devices[: replicas(ctx)]
     if len(devices) > 1:
         return tf.distribute.MirroredStrategy(devices)
     return tf.distribute.get_strategy()

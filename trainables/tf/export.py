@@ -27,8 +27,9 @@ from search.contract import Dataset, ExportFn, Metrics, TrainFn, TrialContext, t
 from trainables.tf.data import Splits, pipeline
 
 
-def export_keras(train: TrainFn, config: Mapping[str, Any], data: Dataset, ctx: TrialContext,
-                 out_dir: Path) -> Metrics:
+def export_keras(
+    train: TrainFn, config: Mapping[str, Any], data: Dataset, ctx: TrialContext, out_dir: Path
+) -> Metrics:
     """Trains ``config`` with the trainable ``train`` to its end, then saves the model.
 
     Returns:
@@ -46,15 +47,21 @@ def export_keras(train: TrainFn, config: Mapping[str, Any], data: Dataset, ctx: 
     reloaded = keras.models.load_model(out / "model.keras")
     val = pipeline(splits.val, int(config.get("batch_size", 64)), ctx.num_threads)
     val_loss, val_accuracy = reloaded.evaluate(val, verbose=0)
-    return {**last, "epochs": float(epochs), "export_val_loss": float(val_loss),
-            "export_val_accuracy": float(val_accuracy), "input_scale": float(splits.scale)}
+    return {
+        **last,
+        "epochs": float(epochs),
+        "export_val_loss": float(val_loss),
+        "export_val_accuracy": float(val_accuracy),
+        "input_scale": float(splits.scale),
+    }
 
 
 def make_exporter(train: TrainFn) -> ExportFn:
     """The export hook (:mod:`search.contract`) of the TensorFlow trainable ``train``."""
 
-    def export(config: Mapping[str, Any], data: Dataset, ctx: TrialContext,
-               out_dir: Path) -> Metrics:
+    def export(
+        config: Mapping[str, Any], data: Dataset, ctx: TrialContext, out_dir: Path
+    ) -> Metrics:
         return export_keras(train, config, data, ctx, out_dir)
 
     export.__doc__ = f"Export hook of ``{train.__module__}``: see :mod:`trainables.tf.export`."

@@ -84,12 +84,20 @@ def stopping_callbacks(cfg: Mapping[str, Any]) -> list[keras.callbacks.Callback]
     callbacks: list[keras.callbacks.Callback] = []
     if cfg["lr_scheduler"] == "plateau":
         # torch reduces after ``patience`` bad epochs *plus one*, Keras after ``patience``.
-        callbacks.append(PersistentReduceLROnPlateau(
-            monitor="val_loss", factor=cfg["gamma"], patience=PLATEAU_PATIENCE + 1, verbose=0))
+        callbacks.append(
+            PersistentReduceLROnPlateau(
+                monitor="val_loss", factor=cfg["gamma"], patience=PLATEAU_PATIENCE + 1, verbose=0
+            )
+        )
     if cfg["early_stopping_patience"] > 0:
-        callbacks.append(PersistentEarlyStopping(
-            monitor="val_loss", patience=cfg["early_stopping_patience"],
-            min_delta=cfg["early_stopping_min_delta"], verbose=0))
+        callbacks.append(
+            PersistentEarlyStopping(
+                monitor="val_loss",
+                patience=cfg["early_stopping_patience"],
+                min_delta=cfg["early_stopping_min_delta"],
+                verbose=0,
+            )
+        )
     return callbacks
 
 
@@ -111,8 +119,15 @@ def _fit_each_epoch(
     first = 0 if ctx.restore_dir is None else load_state(model, callbacks, ctx.restore_dir)
     for epoch in range(first, ctx.max_epochs):
         start = time.perf_counter()
-        model.fit(train, validation_data=val, initial_epoch=epoch, epochs=epoch + 1,
-                  callbacks=all_callbacks, shuffle=False, verbose=0)  # pipeline shuffles
+        model.fit(
+            train,
+            validation_data=val,
+            initial_epoch=epoch,
+            epochs=epoch + 1,
+            callbacks=all_callbacks,
+            shuffle=False,
+            verbose=0,
+        )  # pipeline shuffles
         if ctx.checkpoint_dir is not None:
             save_state(model, callbacks, epoch + 1, ctx.checkpoint_dir)
         yield {**logs.metrics, "epoch_time_s": time.perf_counter() - start}
@@ -132,8 +147,9 @@ def _scalar(value: Any) -> Any:
     return float(value) if isinstance(value, float | np.floating) else value
 
 
-def save_state(model: keras.Model, callbacks: Sequence[keras.callbacks.Callback], epoch: int,
-               folder: str) -> None:
+def save_state(
+    model: keras.Model, callbacks: Sequence[keras.callbacks.Callback], epoch: int, folder: str
+) -> None:
     """Writes what a retried trial needs to continue after ``epoch`` into ``folder``.
 
     ``model.weights.h5`` (Keras 3 writes the model's weights, normalization statistics
@@ -143,15 +159,21 @@ def save_state(model: keras.Model, callbacks: Sequence[keras.callbacks.Callback]
     """
     path = Path(folder)
     model.save_weights(path / WEIGHTS_FILE, overwrite=True)
-    counters = [{k: _scalar(getattr(cb, k)) for k in _COUNTERS
-                 if isinstance(getattr(cb, k, None), int | float | np.number)}
-                for cb in callbacks]
+    counters = [
+        {
+            k: _scalar(getattr(cb, k))
+            for k in _COUNTERS
+            if isinstance(getattr(cb, k, None), int | float | np.number)
+        }
+        for cb in callbacks
+    ]
     state = {"epoch": epoch, "callbacks": counters}
     (path / STATE_FILE).write_text(json.dumps(state))
 
 
-def load_state(model: keras.Model, callbacks: Sequence[keras.callbacks.Callback],
-               folder: str) -> int:
+def load_state(
+    model: keras.Model, callbacks: Sequence[keras.callbacks.Callback], folder: str
+) -> int:
     """Restores what :func:`save_state` wrote; returns the epoch it was saved after.
 
     The data order is not part of the state: the restored run's shuffles start afresh from
@@ -183,8 +205,13 @@ def expose_model(ctx: TrialContext, model: keras.Model, splits: Splits) -> None:
 # --- the loop every TF trainable runs ----------------------------------------------------------
 
 
-def fit_epochs(model: keras.Model, splits: Splits, cfg: Mapping[str, Any], ctx: TrialContext,
-               strategy: tf.distribute.Strategy) -> Iterator[Metrics]:
+def fit_epochs(
+    model: keras.Model,
+    splits: Splits,
+    cfg: Mapping[str, Any],
+    ctx: TrialContext,
+    strategy: tf.distribute.Strategy,
+) -> Iterator[Metrics]:
     """Trains the compiled ``model`` for up to ``ctx.max_epochs`` epochs, one dict each.
 
     Returns early (the trial ends COMPLETE) when early stopping triggers on val_loss. The

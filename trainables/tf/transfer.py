@@ -71,8 +71,12 @@ def make_backbone(name: str, image_size: int) -> keras.Model:
     statistics (what a frozen backbone uses) settle within the few hundred steps of a
     small-data run.
     """
-    net = BACKBONES[name](input_shape=(image_size, image_size, 3), include_top=False,
-                          weights=None, include_preprocessing=False)
+    net = BACKBONES[name](
+        input_shape=(image_size, image_size, 3),
+        include_top=False,
+        weights=None,
+        include_preprocessing=False,
+    )
     for layer in net.layers:
         if isinstance(layer, keras.layers.BatchNormalization):
             layer.momentum = BN_MOMENTUM
@@ -125,8 +129,12 @@ def build_model(
     set_trainable(backbone, cfg["freeze_backbone"], cfg["unfreeze_blocks"])
     x = keras.layers.GlobalAveragePooling2D()(backbone(x))
     x = keras.layers.Dropout(cfg["dropout"])(x)
-    outputs = keras.layers.Dense(splits.num_classes, activation="softmax", dtype="float32",
-                                 kernel_regularizer=common.regularizer(cfg))(x)
+    outputs = keras.layers.Dense(
+        splits.num_classes,
+        activation="softmax",
+        dtype="float32",
+        kernel_regularizer=common.regularizer(cfg),
+    )(x)
     return keras.Model(inputs, outputs, name="tf_transfer"), backbone
 
 
@@ -192,8 +200,14 @@ def pretrain_backbone(
         raise ValueError(f"weights file must end with .weights.h5, got {str(path)!r}")
     digits = load_digits(0.2, seed)
     keep_tr, keep_va = digits.y_train < 5, digits.y_val < 5
-    data = Dataset(digits.x_train[keep_tr], digits.y_train[keep_tr], digits.x_val[keep_va],
-                   digits.y_val[keep_va], num_classes=5, name="digits0-4")
+    data = Dataset(
+        digits.x_train[keep_tr],
+        digits.y_train[keep_tr],
+        digits.x_val[keep_va],
+        digits.y_val[keep_va],
+        num_classes=5,
+        name="digits0-4",
+    )
     config = {"lr": 3e-3, "backbone": backbone, "freeze_backbone": False, "image_size": image_size}
     ctx = TrialContext(max_epochs=epochs, seed=seed, num_threads=num_threads)
     cfg, _ = common.setup(config, DEFAULTS, ctx, CHOICES)

@@ -28,7 +28,10 @@ from trainables.torch.export import make_exporter
 from trainables.torch.loop import fit_epochs
 
 DEFAULTS: dict[str, Any] = {
-    **COMMON_DEFAULTS, **AUGMENT_DEFAULTS, "channels": 32, "train_fraction": 1.0,
+    **COMMON_DEFAULTS,
+    **AUGMENT_DEFAULTS,
+    "channels": 32,
+    "train_fraction": 1.0,
 }
 DATA_PARALLEL = True
 """Trains data-parallel (DDP) when a trial has several workers (:mod:`search.run.distributed`)."""
@@ -45,11 +48,19 @@ def build_model(cfg: Mapping[str, Any], tensors: Tensors) -> nn.Module:
     flat = 2 * c * (height // 4) * (width // 4)
     return nn.Sequential(
         Standardize(tensors.mean, tensors.std),
-        nn.Conv2d(in_channels, c, 3, padding=1), nn.ReLU(),
-        nn.Conv2d(c, c, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Conv2d(c, 2 * c, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Flatten(), nn.Dropout(p),
-        nn.Linear(flat, 128), nn.ReLU(), nn.Dropout(p),
+        nn.Conv2d(in_channels, c, 3, padding=1),
+        nn.ReLU(),
+        nn.Conv2d(c, c, 3, padding=1),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Conv2d(c, 2 * c, 3, padding=1),
+        nn.ReLU(),
+        nn.MaxPool2d(2),
+        nn.Flatten(),
+        nn.Dropout(p),
+        nn.Linear(flat, 128),
+        nn.ReLU(),
+        nn.Dropout(p),
         nn.Linear(128, tensors.num_classes),
     )
 

@@ -111,8 +111,9 @@ def build_scheduler(
         return plateau, "val_loss"
     if name == "cyclic":
         up = max(1, CYCLE_EPOCHS * steps_per_epoch)
-        cyclic = sched.CyclicLR(optimizer, base_lr=lr / 10, max_lr=lr, step_size_up=up,
-                                cycle_momentum=False)
+        cyclic = sched.CyclicLR(
+            optimizer, base_lr=lr / 10, max_lr=lr, step_size_up=up, cycle_momentum=False
+        )
         return cyclic, "batch"
     if name == "onecycle":
         total = max(1, max_epochs * steps_per_epoch)

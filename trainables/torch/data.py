@@ -59,8 +59,16 @@ def to_tensors(data: SearchDataset, train_fraction: float = 1.0) -> Tensors:
     x_val = torch.from_numpy(np.ascontiguousarray(data.x_val, dtype=np.float32) / scale)
     mean = x_train.mean(dim=(0, 2, 3))
     std = x_train.std(dim=(0, 2, 3)).clamp_min(1e-6)
-    return Tensors(x_train, torch.from_numpy(y_tr).long(), x_val,
-                   torch.from_numpy(data.y_val).long(), mean, std, data.num_classes, scale)
+    return Tensors(
+        x_train,
+        torch.from_numpy(y_tr).long(),
+        x_val,
+        torch.from_numpy(data.y_val).long(),
+        mean,
+        std,
+        data.num_classes,
+        scale,
+    )
 
 
 class Standardize(torch.nn.Module):
@@ -118,13 +126,15 @@ class Augment:
         cos, sin = math.cos(angle), math.sin(angle)
         theta = torch.tensor([[[cos, -sin, tx], [sin, cos, ty]]], dtype=x.dtype)
         grid = torch.nn.functional.affine_grid(theta, [1, *x.shape], align_corners=False)
-        return torch.nn.functional.grid_sample(x[None], grid, mode="bilinear",
-                                               padding_mode="zeros", align_corners=False)[0]
+        return torch.nn.functional.grid_sample(
+            x[None], grid, mode="bilinear", padding_mode="zeros", align_corners=False
+        )[0]
 
     @staticmethod
     def _jitter(x: torch.Tensor, amount: float) -> torch.Tensor:
-        brightness, contrast = (float(torch.empty(()).uniform_(1 - amount, 1 + amount))
-                                for _ in range(2))
+        brightness, contrast = (
+            float(torch.empty(()).uniform_(1 - amount, 1 + amount)) for _ in range(2)
+        )
         x = (x * brightness).clamp(0, 1)
         gray = (x * _GRAY.to(x.dtype)[:, None, None]).sum(0) if x.shape[0] == 3 else x
         mean = gray.mean()  # contrast blends with the grayscale mean, as torchvision does
@@ -142,8 +152,12 @@ def build_augment(strength: float, hflip: bool = False) -> Augment | None:
 class ImageDataset(Dataset[tuple[torch.Tensor, torch.Tensor]]):
     """Indexable ``(image, label)`` pairs with an optional per-image transform."""
 
-    def __init__(self, x: torch.Tensor, y: torch.Tensor,
-                 transform: Callable[[torch.Tensor], torch.Tensor] | None = None) -> None:
+    def __init__(
+        self,
+        x: torch.Tensor,
+        y: torch.Tensor,
+        transform: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    ) -> None:
         self.x, self.y, self.transform = x, y, transform
 
     def __len__(self) -> int:
@@ -154,9 +168,18 @@ class ImageDataset(Dataset[tuple[torch.Tensor, torch.Tensor]]):
         return (self.transform(x) if self.transform else x), self.y[i]
 
 
-def train_loader(tensors: Tensors, batch_size: int, seed: int, *, augment: float = 0.0,
-                 hflip: bool = False, num_workers: int = 0, pin_memory: bool = False,
-                 rank: int = 0, world: int = 1) -> DataLoader:
+def train_loader(
+    tensors: Tensors,
+    batch_size: int,
+    seed: int,
+    *,
+    augment: float = 0.0,
+    hflip: bool = False,
+    num_workers: int = 0,
+    pin_memory: bool = False,
+    rank: int = 0,
+    world: int = 1,
+) -> DataLoader:
     """The shuffled, optionally augmented training loader (reproducible from ``seed``).
 
     In a data-parallel trial (``world`` > 1) ``batch_size`` is the global batch: every rank
@@ -168,11 +191,23 @@ def train_loader(tensors: Tensors, batch_size: int, seed: int, *, augment: float
         from torch.utils.data.distributed import DistributedSampler
 
         sampler: DistributedSampler[tuple[torch.Tensor, torch.Tensor]] = DistributedSampler(
-            dataset, num_replicas=world, rank=rank, shuffle=True, seed=seed)
-        return DataLoader(dataset, batch_size=max(1, batch_size // world), sampler=sampler,
-                          num_workers=num_workers, pin_memory=pin_memory,
-                          persistent_workers=num_workers > 0)
+            dataset, num_replicas=world, rank=rank, shuffle=True, seed=seed
+        )
+        return DataLoader(
+            dataset,
+            batch_size=max(1, batch_size // world),
+            sampler=sampler,
+            num_workers=num_workers,
+            pin_memory=pin_memory,
+            persistent_workers=num_workers > 0,
+        )
     generator = torch.Generator().manual_seed(seed)
-    return DataLoader(dataset, batch_size=batch_size, shuffle=True, generator=generator,
-                      num_workers=num_workers, pin_memory=pin_memory,
-                      persistent_workers=num_workers > 0)
+    return DataLoader(
+        dataset,
+        batch_size=batch_size,
+        shuffle=True,
+        generator=generator,
+        num_workers=num_workers,
+        pin_memory=pin_memory,
+        persistent_workers=num_workers > 0,
+    )

@@ -59,9 +59,16 @@ def save_onnx(model: nn.Module, example: torch.Tensor, path: Path) -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         torch.onnx.export(
-            model, (example,), str(path), input_names=["input"], output_names=["logits"],
-            dynamic_shapes=({0: torch.export.Dim("batch", min=1)},), opset_version=ONNX_OPSET,
-            dynamo=True, verbose=False, external_data=False,
+            model,
+            (example,),
+            str(path),
+            input_names=["input"],
+            output_names=["logits"],
+            dynamic_shapes=({0: torch.export.Dim("batch", min=1)},),
+            opset_version=ONNX_OPSET,
+            dynamo=True,
+            verbose=False,
+            external_data=False,
         )
 
 
@@ -73,8 +80,9 @@ def onnx_logits(path: Path, x: np.ndarray) -> np.ndarray:
     return session.run(None, {"input": np.ascontiguousarray(x, dtype=np.float32)})[0]
 
 
-def check_onnx(model: nn.Module, path: Path, x_raw: torch.Tensor, y: torch.Tensor,
-               seed: int = 0) -> Metrics:
+def check_onnx(
+    model: nn.Module, path: Path, x_raw: torch.Tensor, y: torch.Tensor, seed: int = 0
+) -> Metrics:
     """Compares ``path`` with ``model`` on random inputs and scores it on ``(x_raw, y)``.
 
     Random inputs are uniform over the data's range (0 to its largest value), 32 of them.
@@ -95,14 +103,16 @@ def check_onnx(model: nn.Module, path: Path, x_raw: torch.Tensor, y: torch.Tenso
         got = onnx_logits(path, x.numpy())
         diff = max(diff, float(np.abs(got - expected).max()))
     if not diff <= ONNX_TOLERANCE:
-        raise ValueError(f"model.onnx: logits differ from PyTorch's by {diff:.3g} "
-                         f"(> {ONNX_TOLERANCE})")
+        raise ValueError(
+            f"model.onnx: logits differ from PyTorch's by {diff:.3g} (> {ONNX_TOLERANCE})"
+        )
     accuracy = float((onnx_logits(path, x_raw.numpy()).argmax(1) == y.numpy()).mean())
     return {"onnx_max_abs_diff": diff, "onnx_val_accuracy": accuracy}
 
 
-def export_torch(train: TrainFn, config: Mapping[str, Any], data: Dataset, ctx: TrialContext,
-                 out_dir: Path) -> Metrics:
+def export_torch(
+    train: TrainFn, config: Mapping[str, Any], data: Dataset, ctx: TrialContext, out_dir: Path
+) -> Metrics:
     """Trains ``config`` with ``train`` to its end, then saves and checks the model.
 
     Returns:
@@ -118,24 +128,37 @@ def export_torch(train: TrainFn, config: Mapping[str, Any], data: Dataset, ctx: 
 
     from safetensors.torch import save_model
 
-    save_model(model, str(out_dir / "model.safetensors"),
-               metadata={"config": json.dumps(dict(config), default=str),
-                         "input_scale": repr(tensors.scale)})
-    val_loss, val_accuracy = evaluate(model, tensors.x_val, tensors.y_val, "fp32",
-                                      torch.device("cpu"))
+    save_model(
+        model,
+        str(out_dir / "model.safetensors"),
+        metadata={
+            "config": json.dumps(dict(config), default=str),
+            "input_scale": repr(tensors.scale),
+        },
+    )
+    val_loss, val_accuracy = evaluate(
+        model, tensors.x_val, tensors.y_val, "fp32", torch.device("cpu")
+    )
     served = RawInputs(model, tensors.scale).eval()
     x_raw = tensors.x_val * tensors.scale
     save_onnx(served, x_raw[:2], out_dir / "model.onnx")
     checks = check_onnx(served, out_dir / "model.onnx", x_raw, tensors.y_val, seed=ctx.seed)
-    return {**last, "epochs": float(epochs), "export_val_loss": val_loss,
-            "export_val_accuracy": val_accuracy, "input_scale": float(tensors.scale), **checks}
+    return {
+        **last,
+        "epochs": float(epochs),
+        "export_val_loss": val_loss,
+        "export_val_accuracy": val_accuracy,
+        "input_scale": float(tensors.scale),
+        **checks,
+    }
 
 
 def make_exporter(train: TrainFn) -> ExportFn:
     """The export hook (:mod:`search.contract`) of the PyTorch trainable ``train``."""
 
-    def export(config: Mapping[str, Any], data: Dataset, ctx: TrialContext,
-               out_dir: Path) -> Metrics:
+    def export(
+        config: Mapping[str, Any], data: Dataset, ctx: TrialContext, out_dir: Path
+    ) -> Metrics:
         return export_torch(train, config, data, ctx, out_dir)
 
     export.__doc__ = f"Export hook of ``{train.__module__}``: see :mod:`trainables.torch.export`."

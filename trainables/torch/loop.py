@@ -62,8 +62,9 @@ def _distributed() -> bool:
 
 def _all_reduce(values: list[torch.Tensor | float], op: str = "sum") -> list[float]:
     """Sums (or maxes) scalars over the trial's processes; the values themselves alone."""
-    tensor = torch.stack([torch.as_tensor(v, dtype=torch.float64).reshape(())
-                          for v in values]).to(_reduce_device())
+    tensor = torch.stack([torch.as_tensor(v, dtype=torch.float64).reshape(()) for v in values]).to(
+        _reduce_device()
+    )
     if _distributed():
         dist = torch.distributed
         dist.all_reduce(tensor, op=dist.ReduceOp.MAX if op == "max" else dist.ReduceOp.SUM)
@@ -109,15 +110,29 @@ def train_one_epoch(fit: Fitting, loader: DataLoader, max_steps: int | None = No
     if _distributed():
         loss_total, correct_total, seen_total = _all_reduce([loss_sum, correct, seen])
         norm_top, applied_top = _all_reduce([norm_max, applied_max], op="max")
-        return {"train_loss": loss_total / seen_total, "train_accuracy": correct_total / seen_total,
-                "grad_norm": norm_top, "grad_norm_applied": applied_top}
-    return {"train_loss": loss_sum.item() / seen, "train_accuracy": correct.item() / seen,
-            "grad_norm": norm_max.item(), "grad_norm_applied": applied_max.item()}
+        return {
+            "train_loss": loss_total / seen_total,
+            "train_accuracy": correct_total / seen_total,
+            "grad_norm": norm_top,
+            "grad_norm_applied": applied_top,
+        }
+    return {
+        "train_loss": loss_sum.item() / seen,
+        "train_accuracy": correct.item() / seen,
+        "grad_norm": norm_max.item(),
+        "grad_norm_applied": applied_max.item(),
+    }
 
 
 @torch.no_grad()
-def evaluate(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, precision: str,
-             device: torch.device, batch_size: int = 512) -> tuple[float, float]:
+def evaluate(
+    model: torch.nn.Module,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    precision: str,
+    device: torch.device,
+    batch_size: int = 512,
+) -> tuple[float, float]:
     """Mean cross-entropy and accuracy of ``model`` (in eval mode) on ``(x, y)``."""
     model.eval()
     loss_sum = torch.zeros((), device=device)
@@ -131,19 +146,39 @@ def evaluate(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, precision
     return loss_sum.item() / len(y), correct.item() / len(y)
 
 
-def make_fitting(model: torch.nn.Module, cfg: Mapping[str, Any], ctx: TrialContext,
-                 device: torch.device, steps_per_epoch: int) -> Fitting:
+def make_fitting(
+    model: torch.nn.Module,
+    cfg: Mapping[str, Any],
+    ctx: TrialContext,
+    device: torch.device,
+    steps_per_epoch: int,
+) -> Fitting:
     """Moves ``model`` to ``device`` and builds optimizer, scheduler and scaler for it."""
     model.to(device)
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = build_optimizer(params, cfg)
     scheduler, when = build_scheduler(optimizer, cfg, ctx.max_epochs, steps_per_epoch)
-    return Fitting(model, params, optimizer, scheduler, when,
-                   grad_scaler(cfg["precision"], device), cfg, device)
+    return Fitting(
+        model,
+        params,
+        optimizer,
+        scheduler,
+        when,
+        grad_scaler(cfg["precision"], device),
+        cfg,
+        device,
+    )
 
 
-def evaluate_shard(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, precision: str,
-                   device: torch.device, rank: int, world: int) -> tuple[float, float]:
+def evaluate_shard(
+    model: torch.nn.Module,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    precision: str,
+    device: torch.device,
+    rank: int,
+    world: int,
+) -> tuple[float, float]:
     """:func:`evaluate` on every ``world``-th example from ``rank``, combined over the trial's
     processes, so every rank gets the whole validation split's loss and accuracy."""
     if world <= 1:
@@ -210,8 +245,13 @@ def step_scheduler(fit: Fitting, val_loss: float) -> None:
         fit.scheduler.step(val_loss)
 
 
-def fit_epochs(model: torch.nn.Module, tensors: Tensors, cfg: Mapping[str, Any],
-               ctx: TrialContext, device: torch.device) -> Iterator[Metrics]:
+def fit_epochs(
+    model: torch.nn.Module,
+    tensors: Tensors,
+    cfg: Mapping[str, Any],
+    ctx: TrialContext,
+    device: torch.device,
+) -> Iterator[Metrics]:
     """Trains ``model`` for up to ``ctx.max_epochs`` epochs, yielding one metrics dict each.
 
     Returns early (the trial ends COMPLETE) when early stopping triggers on val_loss. With
@@ -227,16 +267,24 @@ def fit_epochs(model: torch.nn.Module, tensors: Tensors, cfg: Mapping[str, Any],
     """
     expose_model(ctx, model, tensors)
     rank, world = int(ctx.extras.get("ddp_rank", 0)), int(ctx.extras.get("ddp_world_size", 1))
-    loader = train_loader(tensors, cfg["batch_size"], ctx.seed, augment=cfg.get("augment", 0.0),
-                          hflip=cfg.get("hflip", False), num_workers=cfg["num_workers"],
-                          pin_memory=cfg["pin_memory"] and device.type == "cuda",
-                          rank=rank, world=world)
+    loader = train_loader(
+        tensors,
+        cfg["batch_size"],
+        ctx.seed,
+        augment=cfg.get("augment", 0.0),
+        hflip=cfg.get("hflip", False),
+        num_workers=cfg["num_workers"],
+        pin_memory=cfg["pin_memory"] and device.type == "cuda",
+        rank=rank,
+        world=world,
+    )
     fit = make_fitting(model, cfg, ctx, device, len(loader))
     stopper = EarlyStopping(cfg["early_stopping_patience"], cfg["early_stopping_min_delta"])
     first = 1 if ctx.restore_dir is None else load_state(fit, stopper, ctx.restore_dir) + 1
     if world > 1 and _distributed():  # DDP broadcasts rank 0's weights to every rank here
         fit.model = torch.nn.parallel.DistributedDataParallel(
-            model, device_ids=[device.index] if device.type == "cuda" else None)
+            model, device_ids=[device.index] if device.type == "cuda" else None
+        )
     x_val, y_val = tensors.x_val.to(device), tensors.y_val.to(device)
     max_steps = ctx.extras.get("max_steps")
     profiler = EpochProfiler(ctx, device)
@@ -246,15 +294,21 @@ def fit_epochs(model: torch.nn.Module, tensors: Tensors, cfg: Mapping[str, Any],
             if hasattr(loader.sampler, "set_epoch"):  # the same shuffle on every rank
                 loader.sampler.set_epoch(epoch)
             metrics = train_one_epoch(fit, loader, max_steps)
-            val_loss, val_accuracy = evaluate_shard(model, x_val, y_val, cfg["precision"],
-                                                    device, rank, world)
+            val_loss, val_accuracy = evaluate_shard(
+                model, x_val, y_val, cfg["precision"], device, rank, world
+            )
             step_scheduler(fit, val_loss)
             profiler.after_epoch(epoch)
             stop = stopper.update(val_loss)  # before the checkpoint: it holds this epoch too
             if ctx.checkpoint_dir is not None:
                 save_state(fit, stopper, epoch, ctx.checkpoint_dir)
-            yield {**metrics, "val_loss": val_loss, "val_accuracy": val_accuracy, "lr": lr,
-                   "epoch_time_s": time.perf_counter() - start}
+            yield {
+                **metrics,
+                "val_loss": val_loss,
+                "val_accuracy": val_accuracy,
+                "lr": lr,
+                "epoch_time_s": time.perf_counter() - start,
+            }
             if stop:
                 return
     finally:

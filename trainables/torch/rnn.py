@@ -46,13 +46,22 @@ class RowReader(nn.Module):
     channels interleaved), multiplied back by ``input_scale`` to the data's own range.
     """
 
-    def __init__(self, cell: str, features: int, hidden: int, dropout: float,
-                 num_classes: int, input_scale: float) -> None:
+    def __init__(
+        self,
+        cell: str,
+        features: int,
+        hidden: int,
+        dropout: float,
+        num_classes: int,
+        input_scale: float,
+    ) -> None:
         super().__init__()
         recurrent = nn.GRU if cell == "gru" else nn.LSTM
         self.rnn = recurrent(features, hidden, batch_first=True)
         self.head = nn.Sequential(
-            nn.Linear(hidden, hidden), nn.LeakyReLU(0.1), nn.Dropout(dropout),
+            nn.Linear(hidden, hidden),
+            nn.LeakyReLU(0.1),
+            nn.Dropout(dropout),
             nn.Linear(hidden, num_classes),
         )
         self.input_scale = input_scale
@@ -70,8 +79,14 @@ def train(config: Mapping[str, Any], data: Dataset, ctx: TrialContext) -> Iterat
     cfg, device = setup(config, DEFAULTS, ctx, CELL_CHOICES)
     tensors = load_data(data, ctx)
     channels, _, width = tensors.x_train.shape[1:]
-    model = RowReader(cfg["cell"], width * channels, cfg["hidden"], cfg["dropout"],
-                      tensors.num_classes, input_scale=tensors.scale)
+    model = RowReader(
+        cfg["cell"],
+        width * channels,
+        cfg["hidden"],
+        cfg["dropout"],
+        tensors.num_classes,
+        input_scale=tensors.scale,
+    )
     yield from fit_epochs(model, tensors, cfg, ctx, device)
 
 

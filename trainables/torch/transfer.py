@@ -46,8 +46,13 @@ from trainables.torch.export import make_exporter
 from trainables.torch.loop import fit_epochs
 
 DEFAULTS: dict[str, Any] = {
-    **COMMON_DEFAULTS, **AUGMENT_DEFAULTS, "backbone": "resnet18", "weights_path": None,
-    "freeze_backbone": True, "unfreeze_blocks": 0, "image_size": 32,
+    **COMMON_DEFAULTS,
+    **AUGMENT_DEFAULTS,
+    "backbone": "resnet18",
+    "weights_path": None,
+    "freeze_backbone": True,
+    "unfreeze_blocks": 0,
+    "image_size": 32,
 }
 DATA_PARALLEL = True
 """Trains data-parallel (DDP) when a trial has several workers (:mod:`search.run.distributed`)."""
@@ -77,8 +82,10 @@ def make_backbone(name: str, weights_path: str | None) -> nn.Module:
         missing, unexpected = model.load_state_dict(state, strict=False)
         missing = [k for k in missing if not k.startswith(head)]
         if missing or unexpected:
-            raise ValueError(f"{weights_path} is not a {name} state_dict "
-                             f"(missing {missing[:3]}, unexpected {unexpected[:3]})")
+            raise ValueError(
+                f"{weights_path} is not a {name} state_dict "
+                f"(missing {missing[:3]}, unexpected {unexpected[:3]})"
+            )
     return model
 
 
@@ -114,8 +121,9 @@ class TransferNet(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.standardize(x)
-        x = F.interpolate(x, size=(self.image_size, self.image_size), mode="bilinear",
-                          align_corners=False)
+        x = F.interpolate(
+            x, size=(self.image_size, self.image_size), mode="bilinear", align_corners=False
+        )
         return self.backbone(x.expand(-1, 3, -1, -1) if x.shape[1] == 1 else x)
 
     def train(self, mode: bool = True) -> TransferNet:
@@ -159,8 +167,13 @@ def rotated(x: torch.Tensor, generator: torch.Generator) -> tuple[torch.Tensor, 
     return turns[torch.arange(len(x)), k], k
 
 
-def pretrain_backbone(path: str | Path, backbone: str = "resnet18", epochs: int = 1,
-                      image_size: int = 32, seed: int = 0) -> str:
+def pretrain_backbone(
+    path: str | Path,
+    backbone: str = "resnet18",
+    epochs: int = 1,
+    image_size: int = 32,
+    seed: int = 0,
+) -> str:
     """Trains ``backbone`` to tell how digits were rotated and saves its state_dict at ``path``.
 
     A pretext task on the training split of the default digits split (val_fraction 0.2,
@@ -204,4 +217,3 @@ def main(argv: list[str] | None = None) -> None:
 
 if __name__ == "__main__":
     main()
-

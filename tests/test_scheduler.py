@@ -1,0 +1,49 @@
+"""ASHA's rung refill and the deadline stopper, driven by hand with fake results (no Ray)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from search.run.scheduler import DeadlineStopper, PruneReportingASHA
+from search.spec.derive import asha_milestones, ray_milestones
+
+
+def _asha(reduction_factor: float, max_t: int = 9) -> PruneReportingASHA:
+    return PruneReportingASHA(lambda _: None, time_attr="training_iteration", metric="acc",
+                              mode="max", max_t=max_t, grace_period=1,
+                              reduction_factor=reduction_factor)
+
+
+@pytest.mark.parametrize(("rf", "epochs"), [
+    (3, {1: 0.1, 3: 0.3, 9: 0.9}),
+    (2.5, {1: 0.1, 2.5: 0.3, 6.25: 0.7}),  # Ray records rung 2.5 at epoch 3, 6.25 at epoch 7
+])
+def test_rungs_are_refilled_at_the_epoch_ray_records_them(rf: float, epochs: dict) -> None:
+    asha = _asha(rf)
+    curve = {e: e / 10 for e in range(1, 10)}
+    assert asha.restore_rungs([curve]) == len(epochs)
+    rungs = {m: r.get("earlier-0") for m, r in asha._brackets[0]._rungs}
+    for milestone, value in epochs.items():
+        assert rungs[milestone] == pytest.approx(value)
+
+
+def test_milestones_are_rays_own() -> None:
+    asha = _asha(2.5)
+    assert sorted(m for m, _ in asha._brackets[0]._rungs) == ray_milestones(1, 2.5, 9)
+    assert asha_milestones(1, 2.5, 9) == [1, 3, 7]
+    assert asha_milestones(2, 3, 27) == [2, 6, 18]
+
+
+def test_the_deadline_stops_running_trials_but_not_one_that_ended_itself() -> None:
+    stopped: list[str] = []
+    stopper = DeadlineStopper(3600, stopped.append)
+    assert not stopper("a", {"training_iteration": 5})
+    assert not stopper("b", {"training_iteration": 2})
+    stopper._deadline = time.monotonic() - 1  # the clock runs out
+    assert stopper.expired and stopper.stop_all()
+    # trial a's generator returned: Tune hands its last result (epoch 5) in once more
+    assert not stopper("a", {"training_iteration": 5})
+    assert stopper("b", {"training_iteration": 3})  # b was still training: cut
+    assert stopped == ["b"]
