@@ -62,6 +62,9 @@ def run(
     restart: Annotated[
         bool, typer.Option("--restart", help="Delete the study and start afresh.")
     ] = False,
+    takeover: Annotated[
+        bool, typer.Option("--takeover", help="Take the study over from a driver that is dead.")
+    ] = False,
 ) -> None:
     """Run a study: sample configs, train them as Ray Tune trials, record them in Optuna."""
     from search.record.queries import write_results
@@ -89,9 +92,9 @@ def run(
         storage_field="--storage" if storage else f"{spec}: storage",
         data_field=f"{spec}: data",
     )
-    summary = run_study(
-        parsed, RunOptions(results_dir=results, address=address, verbose=verbose, restart=restart)
-    )
+    options = RunOptions(results_dir=results, address=address, verbose=verbose,
+                         restart=restart, takeover=takeover, source=str(spec))
+    summary = run_study(parsed, options)
     done = load_study(parsed.study, parsed.storage)
     folder = write_results(done, parsed, results)
     print_summary(console, done, summary, folder)

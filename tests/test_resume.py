@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -15,7 +14,7 @@ import pytest
 from optuna.trial import TrialState
 from ray.tune.schedulers import TrialScheduler
 
-from search.record.resume import INTERRUPTED, earlier_curves, recover
+from search.record.resume import FATE, INTERRUPTED, earlier_curves, fate_record, recover
 from search.run.scheduler import PruneReportingASHA
 from tests.conftest import REPO, base_spec, write_spec
 
@@ -47,36 +46,28 @@ def test_restored_rungs_prune_a_weak_newcomer_that_an_empty_asha_would_keep() ->
     assert resumed.pruned == ["a"]  # type: ignore[attr-defined]
 
 
-def test_recover_fails_only_trials_of_dead_local_drivers(tmp_path: Path) -> None:
+def test_recover_settles_every_open_trial_and_applies_a_decided_fate(tmp_path: Path) -> None:
     study = optuna.create_study(storage=f"sqlite:///{tmp_path}/r.db", study_name="r")
-    host = socket.gethostname()
-    dead = subprocess.Popen([sys.executable, "-c", "pass"])
-    dead.wait()
-    owners = {
-        "dead": f"{host}:{dead.pid}",
-        "alive": f"{host}:{os.getpid()}",
-        "remote": "another-machine:1",
-    }
-    trials = {}
-    for name, owner in owners.items():
-        trial = study.ask()
-        trial.set_user_attr("driver", owner)
-        trials[name] = trial
+    lost = study.ask()  # its driver died mid-training
+    lost.report(0.3, 1)
+    decided = study.ask()  # its driver died between writing the fate and telling it
+    decided.report(0.7, 3)
+    study._storage.set_trial_system_attr(
+        decided._trial_id, FATE, fate_record(TrialState.COMPLETE, [0.7], {"epochs": 3}))
     done = study.ask()
     done.report(0.5, 1)
     study.tell(done, 0.5)
+    study.add_trial(optuna.trial.create_trial(state=TrialState.WAITING))  # never started
 
     recovery = recover(study)
-    states = {n: study.trials[t.number].state for n, t in trials.items()}
-    assert states == {
-        "dead": TrialState.FAIL,
-        "alive": TrialState.RUNNING,
-        "remote": TrialState.RUNNING,
-    }
-    assert study.trials[trials["dead"].number].user_attrs["fail_reason"] == INTERRUPTED
-    assert recovery.interrupted == (trials["dead"].number,)
-    assert recovery.counted == 1  # the interrupted one is replaced, not counted
-    assert earlier_curves(study) == [{1: 0.5}]
+    trials = study.trials
+    assert [t.state for t in trials] == [TrialState.FAIL, TrialState.COMPLETE,
+                                         TrialState.COMPLETE, TrialState.FAIL]
+    assert trials[0].user_attrs["fail_reason"] == INTERRUPTED
+    assert trials[1].value == 0.7 and trials[1].user_attrs == {"epochs": 3}
+    assert recovery.interrupted == (0, 3) and recovery.completed == (1,)
+    assert recovery.counted == 2  # the decided one counts; the interrupted ones are replaced
+    assert earlier_curves(study) == [{1: 0.3}, {3: 0.7}, {1: 0.5}]
 
 
 def _run(spec: Path, *extra: str) -> subprocess.Popen:

@@ -92,7 +92,8 @@ def metric_problem(metrics: Mapping[str, Any], metric: str, epoch: int) -> str |
     if not isinstance(value, float):
         shown = str(value).replace("\n", " ")
         shown = shown if len(shown) <= 40 else shown[:37] + "..."
-        return f"metric {metric} is not a number at epoch {epoch} (got {type(value).__name__} {shown})"
+        kind = type(value).__name__
+        return f"metric {metric} is not a number at epoch {epoch} (got {kind} {shown})"
     return None
 
 

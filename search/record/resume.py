@@ -1,77 +1,85 @@
 """Picking a study up again after its driver died (``kill -9``, a lost machine, Ctrl-C).
 
-Running the same ``run`` command again continues the same study:
+Running the same ``run`` command again continues the same study. Once the new driver holds
+the study's lease (:mod:`search.record.lease`), no other driver runs it, so every trial still
+RUNNING or WAITING was left by a dead one:
 
-* trials this machine's dead drivers left RUNNING or WAITING are recorded as FAIL with the
-  reason ``interrupted`` and replaced (they do not count against the budget);
+* a trial whose fate was already decided (the bridge writes it in one write, :data:`FATE`,
+  before the attributes and the state) gets that fate, as if its driver had lived;
+* any other is recorded as FAIL with the reason :data:`INTERRUPTED` and replaced (it does not
+  count against the budget);
 * COMPLETE, PRUNED and genuinely failed trials count, so the new run only adds what is left;
-* the sampler sees every earlier trial (it reads the same study);
 * ASHA's rungs are refilled from the earlier trials' intermediate values
-  (:meth:`search.run.scheduler.PruneReportingASHA.restore_rungs`), so a resumed run prunes against
-  the same bar the first run set.
-
-A trial whose driver is still alive, or runs on another machine sharing the storage, is left
-alone: each trial records its driver as ``host:pid``.
+  (:meth:`search.run.scheduler.PruneReportingASHA.restore_rungs`), so a resumed run prunes
+  against the same bar the first run set.
 """
 
 from __future__ import annotations
 
-import os
-import socket
-from collections.abc import Callable
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import optuna
 from optuna.trial import TrialState
 
 INTERRUPTED = "interrupted: its driver stopped before the trial ended; replaced by a new trial"
+FATE = "search:fate"
+"""Trial system attribute: ``{"state", "values", "attrs"}``, the fate decided for it."""
 
 
-def driver_id() -> str:
-    """This process as ``host:pid``, recorded on every trial it runs."""
-    return f"{socket.gethostname()}:{os.getpid()}"
-
-
-def pid_alive(pid: int) -> bool:
-    """Whether a process with ``pid`` runs on this machine."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def _orphaned(trial: optuna.trial.FrozenTrial, alive: Callable[[int], bool]) -> bool:
-    host, _, pid = str(trial.user_attrs.get("driver", "")).rpartition(":")
-    if host != socket.gethostname() or not pid.isdigit():
-        return False
-    return not alive(int(pid))
+def fate_record(state: TrialState, values: list[float] | None,
+                attrs: Mapping[str, Any]) -> dict[str, Any]:
+    """What the bridge writes as :data:`FATE` before it tells the study."""
+    return {"state": state.name, "values": values, "attrs": dict(attrs)}
 
 
 @dataclass(frozen=True)
 class Recovery:
-    """What :func:`recover` found: trials it failed, and trials that count against the budget."""
+    """What :func:`recover` found.
+
+    Args:
+        interrupted: Trials now FAIL with :data:`INTERRUPTED` (replaced).
+        completed: Trials given the fate their dead driver had decided.
+        counted: Finished trials that count against the budget.
+    """
 
     interrupted: tuple[int, ...]
     counted: int
+    completed: tuple[int, ...] = ()
 
 
-def recover(study: optuna.Study, alive: Callable[[int], bool] = pid_alive) -> Recovery:
-    """Fails the trials that dead drivers on this machine left open; counts the rest."""
-    interrupted = []
+def _apply_fate(storage: optuna.storages.BaseStorage, trial: optuna.trial.FrozenTrial) -> bool:
+    fate = trial.system_attrs.get(FATE)
+    if not isinstance(fate, dict):
+        return False
+    for key, value in fate.get("attrs", {}).items():
+        storage.set_trial_user_attr(trial._trial_id, key, value)
+    state = TrialState[fate["state"]]
+    storage.set_trial_state_values(trial._trial_id, state, fate.get("values"))
+    return True
+
+
+def recover(study: optuna.Study) -> Recovery:
+    """Settles every trial a dead driver left open (module docstring); counts the rest.
+
+    Call it only while holding the study's lease.
+    """
+    storage = study._storage
+    interrupted, completed = [], []
     for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING, TrialState.WAITING)):
-        if _orphaned(trial, alive):
-            study._storage.set_trial_user_attr(trial._trial_id, "fail_reason", INTERRUPTED)
-            study._storage.set_trial_state_values(trial._trial_id, TrialState.FAIL)
-            interrupted.append(trial.number)
+        if _apply_fate(storage, trial):
+            completed.append(trial.number)
+            continue
+        storage.set_trial_user_attr(trial._trial_id, "fail_reason", INTERRUPTED)
+        storage.set_trial_state_values(trial._trial_id, TrialState.FAIL)
+        interrupted.append(trial.number)
     counted = sum(
         1
         for t in study.get_trials(deepcopy=False)
         if t.state.is_finished() and t.user_attrs.get("fail_reason") != INTERRUPTED
     )
-    return Recovery(tuple(interrupted), counted)
+    return Recovery(tuple(interrupted), counted, tuple(completed))
 
 
 def earlier_curves(study: optuna.Study) -> list[dict[int, float]]:

@@ -8,7 +8,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 import optuna
+from optuna.trial import TrialState
 
+from search.record.resume import INTERRUPTED
 from search.spec.space import grid
 
 if TYPE_CHECKING:
@@ -16,15 +18,31 @@ if TYPE_CHECKING:
 
 
 class _Grid(optuna.samplers.GridSampler):
-    """GridSampler without its ``study.stop()`` when the grid is used up.
+    """GridSampler without its ``study.stop()`` when the grid is used up, that runs an
+    interrupted grid point again.
 
     Optuna's version calls ``study.stop()`` from ``after_trial``, which raises outside
     ``study.optimize`` and would leave the told trial RUNNING; the runner caps the trial
-    budget at the grid's size instead (:func:`grid_size`).
+    budget at the grid's size instead (:func:`grid_size`). And it counts every finished trial's
+    point as visited, so a point whose trial a dead driver left (FAIL, ``interrupted``) would
+    never be run, and its replacement would run a visited point a second time.
     """
 
     def after_trial(self, *args: object, **kwargs: object) -> None:
         pass
+
+    def _get_unvisited_grid_ids(self, study: optuna.Study) -> list[int]:
+        visited, running = set(), set()
+        for t in study._storage.get_all_trials(study._study_id, deepcopy=False):
+            if "grid_id" not in t.system_attrs or not self._same_search_space(
+                    t.system_attrs["search_space"]):
+                continue
+            if t.state.is_finished() and t.user_attrs.get("fail_reason") != INTERRUPTED:
+                visited.add(t.system_attrs["grid_id"])
+            elif t.state == TrialState.RUNNING:
+                running.add(t.system_attrs["grid_id"])
+        every = set(range(self._n_min_trials))
+        return sorted(every - visited - running) or sorted(every - visited)
 
 
 def grid_size(spec: StudySpec) -> int | None:
@@ -37,8 +55,9 @@ def grid_size(spec: StudySpec) -> int | None:
     return size
 
 
-def build_sampler(spec: StudySpec) -> optuna.samplers.BaseSampler:
-    """The sampler the spec names, seeded.
+def build_sampler(spec: StudySpec, offset: int = 0) -> optuna.samplers.BaseSampler:
+    """The sampler the spec names, seeded with ``sampler.seed + offset`` (``offset``: the
+    trials a resumed study already has, so it continues rather than replays its draws).
 
     TPE runs multivariate and grouped (conditional parameters get their own groups) with the
     constant liar, so trials proposed while others still run do not all pile onto one point.
@@ -47,7 +66,7 @@ def build_sampler(spec: StudySpec) -> optuna.samplers.BaseSampler:
         >>> build_sampler(spec)  # doctest: +SKIP
         <optuna.samplers._tpe.sampler.TPESampler object at ...>
     """
-    seed = spec.sampler.seed
+    seed = None if spec.sampler.seed is None else spec.sampler.seed + offset
     name = spec.sampler.name
     if name == "tpe":
         return optuna.samplers.TPESampler(

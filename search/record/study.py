@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
 import optuna
 
 from search.errors import SearchError
+from search.record.lease import StudyLease
 from search.record.samplers import build_sampler
 from search.record.storage import open_storage, redact
+from search.spec.derive import incompatible_change
 
 if TYPE_CHECKING:
     from search.spec.schema import StudySpec
@@ -21,25 +24,70 @@ class StudyNotFoundError(SearchError):
     """No study of that name in the storage."""
 
 
-def open_study(spec: StudySpec, restart: bool = False) -> optuna.Study:
-    """Creates (or loads) the spec's study and records the spec on it, password redacted.
+class SpecMismatchError(SearchError):
+    """A resumed study's spec changes what its trials mean (objective, space, ...)."""
+
+
+def open_study(spec: StudySpec, restart: bool = False, source: str = "spec") -> optuna.Study:
+    """Creates the spec's study, or loads it to resume; writes nothing on an existing study.
+
+    A resumed study continues its sampler's stream (seed + the trials it has) rather than
+    replaying the first run's configs.
 
     Args:
         spec: The validated spec.
-        restart: Delete an existing study of that name first and start afresh.
+        restart: Delete an existing study of that name first and start afresh (refused while
+            a live driver holds it).
+        source: Where the spec came from, for error lines.
+
+    Raises:
+        SpecMismatchError: When resuming with a spec that changes the objective, the space or
+            another field of :data:`search.spec.derive.FIXED_FIELDS`.
+        StudyBusyError: When ``restart`` would delete a study a live driver holds.
     """
     storage = open_storage(spec.storage)
-    if restart and spec.study in [s.study_name for s in optuna.get_all_study_summaries(storage)]:
+    existing = {s.study_name: s for s in optuna.get_all_study_summaries(storage)}
+    if restart and spec.study in existing:
+        lease = StudyLease(spec.storage, spec.study, "restart")
+        lease.acquire()  # refuses while a live driver holds the study
+        lease.release()
         optuna.delete_study(study_name=spec.study, storage=storage)
-    study = optuna.create_study(
+        existing.pop(spec.study)
+    if spec.study in existing:
+        _check_resumable(existing[spec.study], spec, source)
+    done = existing[spec.study].n_trials if spec.study in existing else 0
+    return optuna.create_study(
         study_name=spec.study,
         storage=storage,
-        sampler=build_sampler(spec),
+        sampler=build_sampler(spec, offset=done),
         direction="maximize" if spec.objective.mode == "max" else "minimize",
         load_if_exists=True,
     )
-    study.set_user_attr("spec", spec.to_dict() | {"storage": redact(spec.storage)})
-    return study
+
+
+def _check_resumable(summary: optuna.study.StudySummary, spec: StudySpec, source: str) -> None:
+    how = f"pass --restart to start study {spec.study!r} afresh, or give the study a new name"
+    stored = summary.user_attrs.get("spec")
+    change = incompatible_change(stored, spec) if isinstance(stored, dict) else None
+    if change is None and summary.direction.name.lower()[:3] != spec.objective.mode:
+        change = f"objective.mode: was {summary.direction.name.lower()}, now {spec.objective.mode}"
+    if change is not None:
+        raise SpecMismatchError(f"{source}: {change}: study {spec.study!r} was run with another "
+                                f"spec; {how}")
+
+
+def record_spec(study: optuna.Study, spec: StudySpec) -> None:
+    """Stores ``spec`` (password redacted) on ``study``; a changed one (more trials, a longer
+    time limit) is added to the history in the user attribute ``spec_history``."""
+    new = spec.to_dict() | {"storage": redact(spec.storage)}
+    old = study.user_attrs.get("spec")
+    if isinstance(old, dict) and old != new:
+        changed = {k: [old.get(k), v] for k, v in new.items() if old.get(k) != v}
+        history = list(study.user_attrs.get("spec_history", []))
+        history.append({"at": datetime.now(UTC).isoformat(timespec="seconds"),
+                        "changed": changed})
+        study.set_user_attr("spec_history", history)
+    study.set_user_attr("spec", new)
 
 
 def load_study(name: str, storage_url: str) -> optuna.Study:

@@ -9,14 +9,15 @@ goes straight to the wrapped storage.
 
 The one write that waits is a trial's final state: it is written through, after everything
 queued before it, so ``tell`` returns only once it is committed (a driver killed right after
-loses no finished trial) and raises at once when it, or a queued write of that trial, failed. Reads stay consistent for the driver: a read of a trial with writes still queued returns the
+loses no finished trial) and raises at once when it, or a queued write of that trial, failed.
+Reads stay consistent for the driver: a read of a trial with writes still queued returns the
 trial with those writes applied (an overlay), so ``tell`` of a PRUNED trial still sees its last
 intermediate value and the sampler sees a finished trial as finished. A trial this driver
 created is only ever written by this driver, so until it finishes ``get_trial`` answers from a
 local copy kept up to date by those writes (no query). Other readers (the dashboard, ``search
-trials``) see each write a few milliseconds later. :meth:`flush` waits for the queue; the runner
-calls :meth:`close` before it returns, which flushes and raises the first error a background
-write met (a write is never dropped silently).
+trials``) see each write a few milliseconds later. :meth:`flush` waits for the queue; the
+runner calls :meth:`close` before it returns, which flushes and raises the first error a
+background write met (a write is never dropped silently).
 
 On SQLite (WAL mode) the wrapper also sets ``synchronous=NORMAL`` on its connections: a commit
 then no longer waits for the disk; a crash of the process loses nothing committed, a power

@@ -15,17 +15,18 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+import optuna
+from optuna.trial import TrialState
 from ray.tune import Callback
 from ray.tune.search import Searcher
 
 from search.record.fate import NUMBER, SEED, TrialRecord, error_summary
-from search.record.resume import driver_id
+from search.record.resume import FATE, fate_record
 from search.spec.space import sample
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
 
-    import optuna
     from ray.tune.experiment import Trial
 
     from search.spec.space import Param
@@ -42,6 +43,7 @@ class OptunaBridge(Searcher):
         mode: ``"min"`` or ``"max"``.
         max_epochs: The epoch budget: a trial stopped before it was pruned.
         seed: Base seed; trial ``n`` trains with ``seed + n``.
+        run_id: This run's id, recorded on every trial it creates (user attribute ``driver``).
 
     Example:
         >>> bridge = OptunaBridge(study, spec.space, {}, metric="val_accuracy",
@@ -58,6 +60,7 @@ class OptunaBridge(Searcher):
         mode: str,
         max_epochs: int,
         seed: int = 0,
+        run_id: str = "",
     ) -> None:
         super().__init__(metric=metric, mode=mode)
         self._study = study
@@ -65,16 +68,19 @@ class OptunaBridge(Searcher):
         self._fixed = dict(fixed)
         self._max_epochs = max_epochs
         self._seed = seed
-        self._driver = driver_id()
+        self._driver = run_id
         self._live: dict[str, tuple[optuna.Trial, TrialRecord]] = {}
         self.finished: dict[str, tuple[int, str]] = {}
         """Ray trial id -> (Optuna trial number, final state name), for callers and tests."""
 
     def suggest(self, trial_id: str) -> dict[str, Any] | None:
+        # The trial is born WAITING with this run's id in the same commit, then ``ask`` takes
+        # it: no trial is ever RUNNING without the id of the run that owns it.
+        self._study.add_trial(optuna.trial.create_trial(
+            state=TrialState.WAITING, user_attrs={"driver": self._driver}))
         trial = self._study.ask()
         params = sample(trial, self._space)
         trial.set_user_attr("ray_trial_id", trial_id)
-        trial.set_user_attr("driver", self._driver)
         self._live[trial_id] = (trial, TrialRecord(self.metric or "", self._max_epochs))
         return {**self._fixed, **params, SEED: self._seed + trial.number, NUMBER: trial.number}
 
@@ -140,11 +146,15 @@ class OptunaBridge(Searcher):
     def _finish(self, trial_id: str) -> None:
         trial, record = self._live.pop(trial_id)
         state, value, reason = record.fate()
-        for key, attr in record.user_attrs().items():
+        attrs = {**record.user_attrs(), **({"fail_reason": reason} if reason else {})}
+        values = value if state == TrialState.COMPLETE else None
+        # The fate in one write first: a driver killed before ``tell`` lands loses nothing,
+        # the next run applies it (search/record/resume.py).
+        stored = [value] if value is not None and state != TrialState.FAIL else None
+        self._study._storage.set_trial_system_attr(trial._trial_id, FATE,
+                                                   fate_record(state, stored, attrs))
+        for key, attr in attrs.items():
             trial.set_user_attr(key, attr)
-        if reason is not None:
-            trial.set_user_attr("fail_reason", reason)
-        values = value if state.name == "COMPLETE" else None
         self._study.tell(trial, values, state=state)
         self.finished[trial_id] = (trial.number, state.name)
 

@@ -17,10 +17,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from search.contract import declarations
+from search.record.lease import StudyLease, new_run_id
 from search.record.resume import earlier_curves, recover
 from search.record.samplers import grid_size
 from search.record.storage import redact
-from search.record.study import open_study
+from search.record.study import open_study, record_spec
 from search.record.writeback import WriteBehindStorage
 from search.run.bridge import ErrorCallback, OptunaBridge
 from search.run.cluster import init_ray
@@ -34,6 +35,7 @@ from search.run.worker import run_trial
 from search.spec.derive import asha_milestones
 
 if TYPE_CHECKING:
+    import optuna
     from ray.tune import Callback
 
     from search.contract import Dataset
@@ -49,6 +51,10 @@ class RunOptions:
     verbose: int = 0
     progress: bool = True
     restart: bool = False
+    takeover: bool = False
+    """Take the study's lease even from a driver that looks alive."""
+    source: str = "spec"
+    """Where the spec came from, for error lines."""
     callbacks: Sequence[Callback] = ()
 
 
@@ -101,22 +107,44 @@ def _progress(spec: StudySpec, bridge: OptunaBridge, options: RunOptions) -> lis
 def run_study(spec: StudySpec, options: RunOptions = RunOptions()) -> RunSummary:
     """Runs ``spec`` to the end of its budget and returns a summary.
 
-    Every trial this run started is COMPLETE, PRUNED or FAIL in the study when this returns.
+    The run holds the study's lease throughout (:mod:`search.record.lease`): a second driver is
+    refused. Every trial this run started is COMPLETE, PRUNED or FAIL in the study when this
+    returns.
     """
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    start = time.monotonic()
+    study = open_study(spec, restart=options.restart, source=options.source)
+    lease = StudyLease(spec.storage, spec.study, new_run_id())
+    lease.acquire(options.takeover)
+    try:
+        record_spec(study, spec)
+        recovery = recover(study)
+        budget = min(spec.budget.trials, grid_size(spec) or spec.budget.trials) - recovery.counted
+        finished = _fit(spec, options, study, lease.run_id, budget) if budget > 0 else {}
+    finally:
+        lease.release()
+    return RunSummary(
+        study_name=spec.study,
+        storage=redact(spec.storage),
+        seconds=time.monotonic() - start,
+        trials_this_run=len(finished),
+        interrupted=recovery.interrupted,
+        states=finished,
+    )
+
+
+def _fit(spec: StudySpec, options: RunOptions, study: optuna.Study, run_id: str,
+         budget: int) -> dict[int, str]:
+    """Runs ``budget`` trials through Ray Tune; returns each one's number and final state."""
     import optuna
     from ray import tune
     from ray.tune.search import ConcurrencyLimiter
 
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    start = time.monotonic()
-    study = open_study(spec, restart=options.restart)
-    recovery = recover(study)
-    budget = min(spec.budget.trials, grid_size(spec) or spec.budget.trials) - recovery.counted
-    if budget <= 0:
-        return RunSummary(spec.study, redact(spec.storage), 0.0, 0, recovery.interrupted)
     init_ray(options.address)
     # Trial writes (attributes, intermediate values, final state) leave Tune's loop: a
-    # background thread commits them in order (search/writeback.py, README "Performance").
+    # background thread commits them in order (search/record/writeback.py).
     storage = WriteBehindStorage(study._storage)
     study = optuna.Study(study_name=spec.study, storage=storage, sampler=study.sampler)
     if options.verbose == 0:  # trial errors reach the study and the console as one line each
@@ -126,20 +154,15 @@ def run_study(spec: StudySpec, options: RunOptions = RunOptions()) -> RunSummary
     if options.progress and placement.note:
         print(placement.note, file=sys.stderr)
     bridge = OptunaBridge(
-        study,
-        spec.space,
-        spec.fixed,
-        metric=spec.objective.metric,
-        mode=spec.objective.mode,
-        max_epochs=spec.budget.max_epochs,
-        seed=spec.sampler.seed or 0,
+        study, spec.space, spec.fixed, metric=spec.objective.metric, mode=spec.objective.mode,
+        max_epochs=spec.budget.max_epochs, seed=spec.sampler.seed or 0, run_id=run_id,
     )
-    job = trial_job(spec, data, placement)
     scheduler = build_scheduler(spec, bridge.mark_pruned)
     if isinstance(scheduler, PruneReportingASHA):
         scheduler.restore_rungs(earlier_curves(study))
     trainable = tune.with_resources(
-        tune.with_parameters(run_trial, job=job, data=data), placement.ray_resources
+        tune.with_parameters(run_trial, job=trial_job(spec, data, placement), data=data),
+        placement.ray_resources,
     )
     packed = 0 < placement.gpus_per_trial < 1  # an out-of-memory trial retries with more GPU
     max_failures = max(spec.faults.max_failures, OOM_RETRIES if packed else 0)
@@ -174,11 +197,4 @@ def run_study(spec: StudySpec, options: RunOptions = RunOptions()) -> RunSummary
             bridge.finalize("time limit" if deadline and deadline.expired else "interrupt")
         finally:
             storage.close()
-    return RunSummary(
-        study_name=spec.study,
-        storage=redact(spec.storage),
-        seconds=time.monotonic() - start,
-        trials_this_run=len(bridge.finished),
-        interrupted=recovery.interrupted,
-        states=dict(bridge.finished.values()),
-    )
+    return dict(bridge.finished.values())

@@ -65,3 +65,36 @@ def asha_milestones(grace_period: float, reduction_factor: float, max_epochs: in
     """
     epochs = {rung_epoch(m) for m in ray_milestones(grace_period, reduction_factor, max_epochs)}
     return sorted(e for e in epochs if e < max_epochs)
+
+
+FIXED_FIELDS = ("trainable", "objective", "space", "fixed", "data", "budget.max_epochs", "asha")
+"""What a resumed study must keep: they say what its trials mean and how they are compared."""
+
+
+def _at(data: Mapping[str, Any], path: str) -> Any:
+    for key in path.split("."):
+        data = data.get(key, {}) if isinstance(data, Mapping) else {}
+    return data
+
+
+def incompatible_change(stored: Mapping[str, Any], spec: StudySpec) -> str | None:
+    """The first field of :data:`FIXED_FIELDS` where ``spec`` differs from the ``stored`` spec
+    of a study it would resume, as ``field: was X, now Y``; ``None`` when it may resume.
+
+    Example:
+        >>> from search.spec.schema import parse_spec
+        >>> old = {"study": "s", "trainable": "search.testing:curve",
+        ...        "objective": {"metric": "val_accuracy", "mode": "max"}}
+        >>> new = parse_spec({**old, "budget": {"trials": 64}})  # more trials: fine
+        >>> incompatible_change(parse_spec(old).to_dict(), new) is None
+        True
+        >>> new = parse_spec({**old, "objective": {"metric": "val_loss", "mode": "min"}})
+        >>> print(incompatible_change(parse_spec(old).to_dict(), new))
+        objective: was {'metric': 'val_accuracy', 'mode': 'max'}, now {'metric': 'val_loss', ...}
+    """
+    current = spec.to_dict()
+    for path in FIXED_FIELDS:
+        before, now = _at(stored, path), _at(current, path)
+        if before != now:
+            return f"{path}: was {before}, now {now}"
+    return None

@@ -1,0 +1,178 @@
+"""One live driver per study: a lease on the study that its driver renews.
+
+A second ``run`` on a study that a live driver holds is refused in one line, naming the
+holder; two drivers never split one budget between them (each would count the other's
+trials as it pleased, and TPE would see the other's RUNNING trials as its own).
+
+The lease is the study user attribute ``driver``: a run id (a fresh UUID per run, never
+``host:pid``, which a restarted container or a reboot hands out again), the host, the Linux
+boot id, the pid with its start time, and when it was last renewed. The holder renews it every
+:data:`RENEW_S` seconds from a thread, and releases it when the run ends. A lease is free when:
+
+* it was released, or not renewed for :data:`TTL_S` seconds (the holder died or hangs);
+* its holder ran on this host and is verifiably gone (another boot, or no process with that
+  pid and start time: ``kill -9``, a container restarted with PID 1 again), and it was not
+  renewed for two renewal periods.
+
+Taking a lease is write, wait :data:`SETTLE_S`, read back: of two drivers started together,
+the last writer keeps it and the other is refused.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import socket
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from search.errors import SearchError
+from search.record.storage import open_storage
+
+_log = logging.getLogger(__name__)
+
+LEASE_ATTR = "driver"
+TTL_S = float(os.environ.get("SEARCH_LEASE_TTL_S", "15"))
+RENEW_S = TTL_S / 6
+SETTLE_S = 1.0
+
+
+class StudyBusyError(SearchError):
+    """Another live driver holds the study."""
+
+
+def new_run_id() -> str:
+    """A unique id for one ``run`` of a study (recorded on the lease and on every trial)."""
+    return uuid.uuid4().hex[:16]
+
+
+def _boot_id() -> str:
+    with contextlib.suppress(OSError):
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    return ""
+
+
+def _proc(pid: int | str) -> tuple[str, str]:
+    """``(pid, start time)`` of a process as ``/proc`` names it; ``("", "")`` when gone.
+
+    The pid is the one of ``/proc``'s own PID namespace (a driver in a container or under
+    ``unshare -p`` may see itself as PID 1), so a later reader of the same ``/proc`` finds it.
+    """
+    with contextlib.suppress(OSError, IndexError):
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        return stat.split(" ", 1)[0], stat.rsplit(")", 1)[1].split()[19]
+    return "", ""
+
+
+def identity(run_id: str) -> dict[str, Any]:
+    """This process as a lease holder."""
+    pid, start = _proc("self")
+    return {"run": run_id, "host": socket.gethostname(), "boot": _boot_id(),
+            "pid": pid or str(os.getpid()), "start": start, "renewed": time.time()}
+
+
+def held(lease: dict[str, Any] | None, now: float | None = None) -> bool:
+    """Whether ``lease`` is held: not released and renewed within :data:`TTL_S`."""
+    if not lease or lease.get("released"):
+        return False
+    now = time.time() if now is None else now
+    return now - float(lease.get("renewed", 0)) <= TTL_S
+
+
+def holder_gone(lease: dict[str, Any]) -> bool:
+    """Whether the holder ran on this machine and is verifiably gone: the machine rebooted
+    since, or no process has its pid and start time any more."""
+    if lease.get("host") != socket.gethostname() or not lease.get("boot"):
+        return False  # another machine: only its renewals tell
+    if lease["boot"] != _boot_id():
+        return True
+    return bool(lease.get("start")) and _proc(lease.get("pid", "")) != (
+        str(lease.get("pid")), lease["start"])
+
+
+def describe(lease: dict[str, Any]) -> str:
+    """``run 3f2a... on host h (pid 12), renewed 4 s ago``."""
+    age = max(0.0, time.time() - float(lease.get("renewed", 0)))
+    return (f"run {lease.get('run')} on host {lease.get('host')} (pid {lease.get('pid')}), "
+            f"renewed {age:.0f} s ago")
+
+
+class StudyLease:
+    """The lease of one study for one run: :meth:`acquire`, renewed in a thread, :meth:`release`.
+
+    Args:
+        storage_url: The study's storage.
+        study_name: The study.
+        run_id: This run's id (:func:`new_run_id`).
+    """
+
+    def __init__(self, storage_url: str, study_name: str, run_id: str) -> None:
+        self._storage = open_storage(storage_url)
+        self._study_id = self._storage.get_study_id_from_name(study_name)
+        self._name, self.run_id = study_name, run_id
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def current(self) -> dict[str, Any] | None:
+        """The lease as stored (``None`` when the study never had one)."""
+        value = self._storage.get_study_user_attrs(self._study_id).get(LEASE_ATTR)
+        return value if isinstance(value, dict) else None
+
+    def acquire(self, takeover: bool = False) -> dict[str, Any] | None:
+        """Takes the lease; returns the previous holder's lease (``None``: there was none).
+
+        Raises:
+            StudyBusyError: When a live driver holds it (and ``takeover`` is False), or another
+                driver took it at the same moment.
+        """
+        previous = self.current()
+        if previous and previous.get("run") != self.run_id and held(previous):
+            if not (takeover or self._gone(previous)):
+                raise StudyBusyError(
+                    f"study {self._name!r} is being run by {describe(previous)}; wait for it "
+                    "to finish, stop it, or pass --takeover if that driver is dead")
+            _log.warning("taking study %r over from %s", self._name, describe(previous))
+        self._write()
+        time.sleep(SETTLE_S)
+        now = self.current() or {}
+        if now.get("run") != self.run_id:
+            raise StudyBusyError(f"study {self._name!r} was just taken by {describe(now)}; "
+                                 "one driver runs a study at a time")
+        self._thread = threading.Thread(target=self._renew, name="search-lease", daemon=True)
+        self._thread.start()
+        return previous
+
+    def _gone(self, lease: dict[str, Any]) -> bool:
+        """:func:`holder_gone`, and no renewal for two renewal periods (a pid seen through
+        another container's ``/proc`` must not pass for a dead driver)."""
+        if not holder_gone(lease):
+            return False
+        time.sleep(2 * RENEW_S)
+        return (self.current() or {}).get("renewed") == lease.get("renewed")
+
+    def release(self) -> None:
+        """Stops renewing and marks the lease released (the next run need not wait)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        if (self.current() or {}).get("run") == self.run_id:
+            self._write(released=time.time())
+
+    def _write(self, **extra: Any) -> None:
+        self._storage.set_study_user_attr(self._study_id, LEASE_ATTR,
+                                          {**identity(self.run_id), **extra})
+
+    def _renew(self) -> None:
+        while not self._stop.wait(RENEW_S):
+            try:
+                now = self.current() or {}
+                if now.get("run") != self.run_id:  # taken over (--takeover): never write back
+                    _log.error("study %r was taken over by %s", self._name, describe(now))
+                    return
+                self._write()
+            except Exception as exc:  # a storage hiccup: the next renewal may pass
+                _log.warning("renewing the study lease failed: %s", exc)

@@ -1,0 +1,105 @@
+"""One live driver per study: the lease refuses a second one and frees a dead one's at once."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import optuna
+import pytest
+
+from search.record import lease as lease_module
+from search.record.lease import StudyBusyError, StudyLease, held
+from tests.conftest import REPO
+
+HOLD = """
+import sys, time
+from search.record.lease import StudyLease
+StudyLease(sys.argv[1], "s", sys.argv[2]).acquire()
+print("held", flush=True)
+time.sleep(600)
+"""
+
+
+@pytest.fixture
+def url(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    monkeypatch.setattr(lease_module, "SETTLE_S", 0.05)
+    monkeypatch.setattr(lease_module, "RENEW_S", 0.2)
+    storage = f"sqlite:///{tmp_path}/l.db"
+    optuna.create_study(study_name="s", storage=storage)
+    return storage
+
+
+def _holder(url: str, run: str, *prefix: str) -> subprocess.Popen:
+    proc = subprocess.Popen([*prefix, sys.executable, "-c", HOLD, url, run], cwd=REPO,
+                            stdout=subprocess.PIPE, text=True, start_new_session=True,
+                            env={**os.environ, "PYTHONPATH": str(REPO),
+                                 "SEARCH_LEASE_TTL_S": "1.2"})  # renews every 0.2 s
+    assert proc.stdout is not None and proc.stdout.readline().strip() == "held"
+    return proc
+
+
+def _kill(proc: subprocess.Popen) -> None:
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+
+
+def test_a_second_driver_is_refused_until_the_first_releases(url: str) -> None:
+    first = StudyLease(url, "s", "first")
+    assert first.acquire() is None
+    with pytest.raises(StudyBusyError, match=r"study 's' is being run by run first on host .*"
+                                             r"pass --takeover if that driver is dead"):
+        StudyLease(url, "s", "second").acquire()
+    first.release()
+    second = StudyLease(url, "s", "second")
+    assert second.acquire()["run"] == "first"  # the released lease it replaced
+    assert held(second.current())
+    second.release()
+    assert not held(second.current())
+
+
+def test_takeover_and_a_stale_lease(url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    live = _holder(url, "live")
+    try:
+        with pytest.raises(StudyBusyError):
+            StudyLease(url, "s", "me").acquire()
+        taker = StudyLease(url, "s", "taker")
+        taker.acquire(takeover=True)
+        taker._stop.set()  # stops renewing, as a hung driver would
+        taker._thread.join()
+        monkeypatch.setattr(lease_module, "TTL_S", 0.5)
+        time.sleep(0.6)
+        StudyLease(url, "s", "after").acquire()  # a lease not renewed for TTL_S is free
+    finally:
+        _kill(live)
+
+
+def test_a_killed_driver_frees_the_study_at_once(url: str) -> None:
+    _kill(_holder(url, "killed"))
+    start = time.monotonic()
+    StudyLease(url, "s", "next").acquire()  # two renewal periods, not the whole TTL
+    assert time.monotonic() - start < 5
+
+
+@pytest.mark.skipif(not shutil.which("unshare") or os.geteuid() != 0,
+                    reason="PID namespaces need unshare and root")
+def test_a_driver_restarted_as_pid_1_again_takes_over_from_its_dead_self(url: str) -> None:
+    """A restarted container: the dead driver was PID 1, the new one is PID 1 again."""
+    namespaced = ("unshare", "--pid", "--fork", "--mount-proc")
+    first = _holder(url, "before-restart", *namespaced)
+    recorded = StudyLease(url, "s", "probe").current()
+    assert recorded is not None and recorded["pid"] == "1"
+    _kill(first)
+    second = _holder(url, "after-restart", *namespaced)  # PID 1 too, and alive
+    try:
+        lease = StudyLease(url, "s", "probe").current()
+        assert lease is not None and lease["run"] == "after-restart" and lease["pid"] == "1"
+        with pytest.raises(StudyBusyError):  # alive, in a PID namespace of its own: refused
+            StudyLease(url, "s", "third").acquire()
+    finally:
+        _kill(second)
