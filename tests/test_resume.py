@@ -139,3 +139,80 @@ def test_kill_9_mid_study_then_run_again_continues(tmp_path: Path) -> None:
     assert restarted.returncode == 0, out
     fresh = optuna.load_study(study_name="killed", storage=storage).trials
     assert len(fresh) == 8 and all(t.state == TrialState.COMPLETE for t in fresh)
+
+
+def test_an_interrupted_grid_point_is_run_again_and_no_visited_one_twice(tmp_path: Path) -> None:
+    from search.record.samplers import build_sampler
+    from search.spec.schema import parse_spec
+    from search.spec.space import sample
+
+    spec = parse_spec(base_spec(tmp_path, sampler={"name": "grid", "seed": 0},
+                                space={"x": {"choice": [1, 2, 3]}}, budget={"trials": 3}))
+    study = optuna.create_study(sampler=build_sampler(spec))
+    seen = []
+    for fate in (TrialState.COMPLETE, TrialState.FAIL, TrialState.COMPLETE):
+        trial = study.ask()
+        seen.append(sample(trial, spec.space)["x"])
+        if fate == TrialState.FAIL:
+            trial.set_user_attr("fail_reason", INTERRUPTED)
+        study.tell(trial, 1.0 if fate == TrialState.COMPLETE else None, state=fate)
+    replacement = sample(study.ask(), spec.space)["x"]
+    assert sorted(seen) == [1, 2, 3] and replacement == seen[1]
+
+
+def _out(proc: subprocess.Popen, timeout: float = 300) -> str:
+    out, _ = proc.communicate(timeout=timeout)
+    return out
+
+
+@pytest.mark.slow
+def test_one_driver_per_study_and_a_resume_that_checks_the_spec(tmp_path: Path) -> None:
+    data = base_spec(tmp_path, study="owned", budget={"trials": 3, "max_epochs": 3},
+                     fixed={"sleep": 0.5}, asha={"enabled": False})
+    spec = write_spec(tmp_path / "s.yaml", data)
+    first = _run(spec)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:  # until the first driver holds the study
+        time.sleep(0.2)
+        try:
+            if "driver" in optuna.load_study(study_name="owned",
+                                             storage=data["storage"]).user_attrs:
+                break
+        except KeyError:
+            continue
+    second = _run(spec)
+    out = _out(second)
+    assert second.returncode == 2, out
+    assert "error: study 'owned' is being run by run " in out and "--takeover" in out
+    assert first.wait(timeout=300) == 0
+    study = optuna.load_study(study_name="owned", storage=data["storage"])
+    assert len(study.trials) == 3  # one budget, not two
+
+    more = _run(spec, "--trials", "4")  # a compatible change: resumed and recorded
+    assert more.wait(timeout=300) == 0
+    study = optuna.load_study(study_name="owned", storage=data["storage"])
+    assert len(study.trials) == 4
+    assert study.user_attrs["spec_history"][-1]["changed"]["budget"][1]["trials"] == 4
+
+    changed = write_spec(tmp_path / "s.yaml", {**data, "objective": {"metric": "val_loss",
+                                                                    "mode": "min"}})
+    refused = _run(changed)
+    out = _out(refused)
+    assert refused.returncode == 2, out
+    assert out.strip().splitlines()[-1].startswith(
+        f"error: {changed}: objective: was {{'metric': 'val_accuracy', 'mode': 'max'}}, now")
+    assert "--restart" in out
+    study = optuna.load_study(study_name="owned", storage=data["storage"])
+    assert study.user_attrs["spec"]["objective"]["metric"] == "val_accuracy"  # untouched
+
+
+@pytest.mark.slow
+def test_a_resumed_run_continues_the_sampler_instead_of_replaying_it(tmp_path: Path) -> None:
+    data = base_spec(tmp_path, study="cont", budget={"trials": 3, "max_epochs": 1},
+                     asha={"enabled": False})
+    spec = write_spec(tmp_path / "s.yaml", data)
+    assert _run(spec).wait(timeout=300) == 0
+    assert _run(spec, "--trials", "6").wait(timeout=300) == 0
+    xs = [t.params["x"] for t in optuna.load_study(study_name="cont",
+                                                   storage=data["storage"]).trials]
+    assert len(xs) == 6 and len(set(xs)) == 6, xs
