@@ -49,8 +49,11 @@ class UtilizationSampler(threading.Thread):
         self._stop_event = threading.Event()
 
     def run(self) -> None:
-        cmd = ["nvidia-smi", "--query-gpu=index,utilization.gpu,memory.used",
-               "--format=csv,noheader,nounits"]
+        cmd = [
+            "nvidia-smi",
+            "--query-gpu=index,utilization.gpu,memory.used",
+            "--format=csv,noheader,nounits",
+        ]
         while not self._stop_event.is_set():
             try:
                 text = subprocess.run(cmd, capture_output=True, text=True, timeout=5).stdout
@@ -69,13 +72,17 @@ class UtilizationSampler(threading.Thread):
         for index in sorted({s[0] for s in self.samples}):
             utils = [s[1] for s in self.samples if s[0] == index]
             mems = [s[2] for s in self.samples if s[0] == index]
-            out[index] = {"util_mean": round(statistics.mean(utils), 1),
-                          "util_peak": max(utils), "mem_peak_mib": max(mems)}
+            out[index] = {
+                "util_mean": round(statistics.mean(utils), 1),
+                "util_peak": max(utils),
+                "mem_peak_mib": max(mems),
+            }
         return out
 
 
-def epoch_times(precisions: tuple[str, ...] = ("fp32", "bf16", "fp16"),
-                epochs: int = 4) -> dict[str, float]:
+def epoch_times(
+    precisions: tuple[str, ...] = ("fp32", "bf16", "fp16"), epochs: int = 4
+) -> dict[str, float]:
     """Median epoch time (s) of one mid-sized config of the space on GPU 0, per precision
     (the first epoch, with its warm-up, is left out)."""
     from search.contract import TrialContext
@@ -100,9 +107,11 @@ def main() -> None:
 
     found = gpus()
     if not found:
-        print("no GPU: PyTorch sees no CUDA device on this machine, so there is nothing to "
-              "check here (gpus_per_trial: auto runs such studies on CPUs). Run this on a GPU "
-              "machine.")
+        print(
+            "no GPU: PyTorch sees no CUDA device on this machine, so there is nothing to "
+            "check here (gpus_per_trial: auto runs such studies on CPUs). Run this on a GPU "
+            "machine."
+        )
         return
     print(f"GPUs found: {len(found)}")
     for i, name in enumerate(found):
@@ -114,18 +123,26 @@ def main() -> None:
     from search.spec.schema import load_spec, with_overrides
 
     tmp = Path(tempfile.mkdtemp(prefix="gpu-check-"))
-    spec = with_overrides(load_spec(SPACE), **{
-        "budget.trials": args.trials, "budget.max_epochs": args.epochs,
-        "resources.gpus_per_trial": "auto", "storage": f"sqlite:///{tmp}/optuna.db",
-        "study": "gpu-check"})
+    spec = with_overrides(
+        load_spec(SPACE),
+        **{
+            "budget.trials": args.trials,
+            "budget.max_epochs": args.epochs,
+            "resources.gpus_per_trial": "auto",
+            "storage": f"sqlite:///{tmp}/optuna.db",
+            "study": "gpu-check",
+        },
+    )
     init_ray(None)
     placement = place(spec, load_data(spec.data))
     packing = placement.packing
     print(f"auto: {placement.note}")
-    print(f"  trials per GPU {packing.trials_per_gpu if packing else 1}, GPU share per trial "
-          f"{placement.gpus_per_trial}, memory cap {placement.memory_fraction}, "
-          f"{placement.cpus_per_trial} CPU(s) and {placement.num_threads} thread(s) per trial, "
-          f"{placement.concurrency} trials at once")
+    print(
+        f"  trials per GPU {packing.trials_per_gpu if packing else 1}, GPU share per trial "
+        f"{placement.gpus_per_trial}, memory cap {placement.memory_fraction}, "
+        f"{placement.cpus_per_trial} CPU(s) and {placement.num_threads} thread(s) per trial, "
+        f"{placement.concurrency} trials at once"
+    )
 
     sampler = UtilizationSampler() if shutil.which("nvidia-smi") else None
     if sampler:
@@ -136,26 +153,39 @@ def main() -> None:
     utilization = sampler.stop() if sampler else {}
     study = load_study("gpu-check", spec.storage)
     devices = sorted({str(t.user_attrs.get("device")) for t in study.trials})
-    print(f"study: {len(study.trials)} trials in {wall:.1f} s -> "
-          f"{len(study.trials) / wall * 3600:.0f} trials per hour; devices seen {devices}")
+    print(
+        f"study: {len(study.trials)} trials in {wall:.1f} s -> "
+        f"{len(study.trials) / wall * 3600:.0f} trials per hour; devices seen {devices}"
+    )
     if utilization:
         for index, u in utilization.items():
-            print(f"  GPU {index}: utilization mean {u['util_mean']} %, peak {u['util_peak']} %, "
-                  f"memory peak {u['mem_peak_mib']:.0f} MiB")
+            print(
+                f"  GPU {index}: utilization mean {u['util_mean']} %, peak {u['util_peak']} %, "
+                f"memory peak {u['mem_peak_mib']:.0f} MiB"
+            )
     else:
         print("  (nvidia-smi not found: no utilization samples)")
     times = epoch_times()
-    print("epoch time, one config (channels 16, batch 64, adam) on cuda:0: "
-          + ", ".join(f"{p} {t * 1000:.1f} ms" for p, t in times.items()))
+    print(
+        "epoch time, one config (channels 16, batch 64, adam) on cuda:0: "
+        + ", ".join(f"{p} {t * 1000:.1f} ms" for p, t in times.items())
+    )
 
     result: dict[str, Any] = {
-        "gpus": found, "placement": {
-            "note": placement.note, "gpus_per_trial": placement.gpus_per_trial,
+        "gpus": found,
+        "placement": {
+            "note": placement.note,
+            "gpus_per_trial": placement.gpus_per_trial,
             "trials_per_gpu": packing.trials_per_gpu if packing else 1,
-            "memory_fraction": placement.memory_fraction, "concurrency": placement.concurrency},
-        "trials": len(study.trials), "wall_s": round(wall, 1),
+            "memory_fraction": placement.memory_fraction,
+            "concurrency": placement.concurrency,
+        },
+        "trials": len(study.trials),
+        "wall_s": round(wall, 1),
         "trials_per_hour": round(len(study.trials) / wall * 3600, 1),
-        "utilization": utilization, "epoch_time_s": times, "devices": devices,
+        "utilization": utilization,
+        "epoch_time_s": times,
+        "devices": devices,
     }
     OUT.mkdir(parents=True, exist_ok=True)
     (OUT / "gpu_check.json").write_text(json.dumps(result, indent=2))

@@ -53,6 +53,7 @@ LABELS = {
 
 # ---- the contenders (each runs in its own subprocess) ---------------------------------------
 
+
 def _instant_objective(trial: Any) -> float:
     from search.contract import TrialContext
     from search.spec.space import Param, sample
@@ -83,8 +84,12 @@ def _optuna(trials: int, warmup: int, storage: str | None) -> tuple[float, float
     optuna.logging.set_verbosity(optuna.logging.WARNING)
 
     def run(name: str, n: int) -> None:
-        study = optuna.create_study(direction="maximize", storage=storage, study_name=name,
-                                    sampler=optuna.samplers.TPESampler(seed=0))
+        study = optuna.create_study(
+            direction="maximize",
+            storage=storage,
+            study_name=name,
+            sampler=optuna.samplers.TPESampler(seed=0),
+        )
         study.optimize(_instant_objective, n_trials=n)
 
     return _timed(run, trials, warmup)
@@ -97,12 +102,17 @@ def _search(trials: int, warmup: int, cpus: int, tmp: Path) -> tuple[float, floa
     init_ray(None, num_cpus=cpus)
 
     def spec(name: str, n: int) -> Any:
-        return parse_spec({
-            "study": name, "trainable": "search.testing:instant",
-            "objective": {"metric": "val_accuracy", "mode": "max"},
-            "budget": {"trials": n, "max_epochs": 1}, "sampler": {"name": "tpe", "seed": 0},
-            "storage": f"sqlite:///{tmp}/optuna.db", "space": {"x": {"uniform": [0.0, 1.0]}},
-        })
+        return parse_spec(
+            {
+                "study": name,
+                "trainable": "search.testing:instant",
+                "objective": {"metric": "val_accuracy", "mode": "max"},
+                "budget": {"trials": n, "max_epochs": 1},
+                "sampler": {"name": "tpe", "seed": 0},
+                "storage": f"sqlite:///{tmp}/optuna.db",
+                "space": {"x": {"uniform": [0.0, 1.0]}},
+            }
+        )
 
     options = RunOptions(results_dir=tmp / "results", progress=False)
     return _timed(lambda name, n: run_study(spec(name, n), options), trials, warmup)
@@ -120,8 +130,13 @@ def _tune_trainable(config: dict[str, Any]) -> None:
 
 def _ray(trials: int, warmup: int, cpus: int, tmp: Path, stock: bool) -> tuple[float, float]:
     if not stock:
-        os.environ.update({"TUNE_DISABLE_AUTO_CALLBACK_LOGGERS": "1",
-                           "RAY_CHDIR_TO_TRIAL_DIR": "0", "RAY_AIR_NEW_OUTPUT": "0"})
+        os.environ.update(
+            {
+                "TUNE_DISABLE_AUTO_CALLBACK_LOGGERS": "1",
+                "RAY_CHDIR_TO_TRIAL_DIR": "0",
+                "RAY_AIR_NEW_OUTPUT": "0",
+            }
+        )
     import ray
     from ray import tune
 
@@ -132,15 +147,29 @@ def _ray(trials: int, warmup: int, cpus: int, tmp: Path, stock: bool) -> tuple[f
             from ray.tune.schedulers import ASHAScheduler
             from ray.tune.search.optuna import OptunaSearch
 
-            config = tune.TuneConfig(search_alg=OptunaSearch(), scheduler=ASHAScheduler(),
-                                     num_samples=n, metric="val_accuracy", mode="max")
+            config = tune.TuneConfig(
+                search_alg=OptunaSearch(),
+                scheduler=ASHAScheduler(),
+                num_samples=n,
+                metric="val_accuracy",
+                mode="max",
+            )
         else:
-            config = tune.TuneConfig(num_samples=n, metric="val_accuracy", mode="max",
-                                     reuse_actors=True, max_concurrent_trials=cpus)
-        return tune.Tuner(_tune_trainable, param_space={"x": tune.uniform(0.0, 1.0)},
-                          tune_config=config,
-                          run_config=tune.RunConfig(name=name, storage_path=str(tmp / "ray"),
-                                                    verbose=None if stock else 0))
+            config = tune.TuneConfig(
+                num_samples=n,
+                metric="val_accuracy",
+                mode="max",
+                reuse_actors=True,
+                max_concurrent_trials=cpus,
+            )
+        return tune.Tuner(
+            _tune_trainable,
+            param_space={"x": tune.uniform(0.0, 1.0)},
+            tune_config=config,
+            run_config=tune.RunConfig(
+                name=name, storage_path=str(tmp / "ray"), verbose=None if stock else 0
+            ),
+        )
 
     return _timed(lambda name, n: tuner(name, n).fit(), trials, warmup)
 
@@ -162,15 +191,26 @@ def run_contender(name: str, trials: int, warmup: int, cpus: int) -> tuple[float
 
 # ---- the driver -------------------------------------------------------------------------------
 
+
 def _measure(name: str, trials: int, warmup: int, cpus: int) -> tuple[float, float]:
-    cmd = [sys.executable, __file__, "--contender", name, "--trials", str(trials),
-           "--warmup", str(warmup), "--cpus", str(cpus)]
+    cmd = [
+        sys.executable,
+        __file__,
+        "--contender",
+        name,
+        "--trials",
+        str(trials),
+        "--warmup",
+        str(warmup),
+        "--cpus",
+        str(cpus),
+    ]
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     done = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=REPO)
     lines = [ln for ln in done.stdout.splitlines() if ln.startswith("RESULT ")]
     if done.returncode != 0 or not lines:
         raise RuntimeError(f"{name} failed:\n{done.stderr[-3000:]}")
-    found = json.loads(lines[-1][len("RESULT "):])
+    found = json.loads(lines[-1][len("RESULT ") :])
     return float(found["small"]), float(found["big"])
 
 
@@ -183,8 +223,11 @@ def _plot(rows: list[dict[str, Any]], path: Path) -> None:
     fig, ax = plt.subplots(figsize=(8, 3.6))
     names = [LABELS[r["contender"]] for r in rows]
     values = [r["ms_per_trial"] for r in rows]
-    bars = ax.barh(names, values, color=["tab:green" if r["contender"] == "search" else
-                                         "tab:gray" for r in rows])
+    bars = ax.barh(
+        names,
+        values,
+        color=["tab:green" if r["contender"] == "search" else "tab:gray" for r in rows],
+    )
     ax.set_xscale("log")
     ax.set_xlim(right=max(values) * 6)  # room for the labels
     ax.set_xlabel("orchestration per trial (ms, log scale; lower is better)")
@@ -202,8 +245,12 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--cpus", type=int, default=os.cpu_count() or 2)
     parser.add_argument("--only", nargs="*", choices=CONTENDERS, default=list(CONTENDERS))
-    parser.add_argument("--stock-trials", type=int, default=30,
-                        help="trials for ray-stock (default: --trials; it is the slow one)")
+    parser.add_argument(
+        "--stock-trials",
+        type=int,
+        default=30,
+        help="trials for ray-stock (default: --trials; it is the slow one)",
+    )
     parser.add_argument("--contender", choices=CONTENDERS, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.contender:  # the subprocess
@@ -212,15 +259,20 @@ def main() -> None:
         return
 
     runs: dict[str, list[tuple[float, float]]] = {name: [] for name in args.only}
-    counts = {name: (args.stock_trials or args.trials) if name == "ray-stock" else args.trials
-              for name in args.only}
+    counts = {
+        name: (args.stock_trials or args.trials) if name == "ray-stock" else args.trials
+        for name in args.only
+    }
     for repeat in range(args.repeats):  # interleaved, so a busy moment hits all alike
         for name in args.only:
             small, big = _measure(name, counts[name], args.warmup, args.cpus)
             runs[name].append((small, big))
-            print(f"  [{repeat + 1}/{args.repeats}] {name:<14} {args.warmup} trials "
-                  f"{small:7.2f} s, {counts[name]} trials {big:7.2f} s", file=sys.stderr,
-                  flush=True)
+            print(
+                f"  [{repeat + 1}/{args.repeats}] {name:<14} {args.warmup} trials "
+                f"{small:7.2f} s, {counts[name]} trials {big:7.2f} s",
+                file=sys.stderr,
+                flush=True,
+            )
 
     def stats(name: str) -> tuple[float, float, float]:
         n, m = counts[name], args.warmup
@@ -233,13 +285,19 @@ def main() -> None:
     rows = []
     for name in args.only:
         marginal, fixed, whole = stats(name)
-        rows.append({
-            "contender": name, "trials": counts[name], "repeats": args.repeats,
-            "cpus": args.cpus, "ms_per_trial": round(marginal * 1000, 2),
-            "trials_per_s": round(1.0 / marginal, 2) if marginal > 0 else "",
-            "fixed_s_per_run": round(fixed, 2), "run_ms_per_trial": round(whole * 1000, 2),
-            "x_of_search": round(marginal / ours, 2) if ours else "",
-        })
+        rows.append(
+            {
+                "contender": name,
+                "trials": counts[name],
+                "repeats": args.repeats,
+                "cpus": args.cpus,
+                "ms_per_trial": round(marginal * 1000, 2),
+                "trials_per_s": round(1.0 / marginal, 2) if marginal > 0 else "",
+                "fixed_s_per_run": round(fixed, 2),
+                "run_ms_per_trial": round(whole * 1000, 2),
+                "x_of_search": round(marginal / ours, 2) if ours else "",
+            }
+        )
     OUT.mkdir(parents=True, exist_ok=True)
     with (OUT / "overhead.csv").open("w", newline="") as fh:
         writer = csv.DictWriter(fh, fieldnames=list(rows[0]))
@@ -247,14 +305,20 @@ def main() -> None:
         writer.writerows(rows)
     _plot(rows, OUT / "overhead.png")
 
-    print(f"\norchestration per trial, trivial trainable, warm, {args.cpus} CPUs, "
-          f"median of {args.repeats}")
-    print(f"{'contender':<48} {'trials':>6} {'ms/trial':>9} {'trials/s':>9} {'fixed s':>8} "
-          f"{'run ms/tr':>9} {'x ours':>7}")
+    print(
+        f"\norchestration per trial, trivial trainable, warm, {args.cpus} CPUs, "
+        f"median of {args.repeats}"
+    )
+    print(
+        f"{'contender':<48} {'trials':>6} {'ms/trial':>9} {'trials/s':>9} {'fixed s':>8} "
+        f"{'run ms/tr':>9} {'x ours':>7}"
+    )
     for row in rows:
-        print(f"{LABELS[row['contender']]:<48} {row['trials']:>6} {row['ms_per_trial']:>9.1f} "
-              f"{row['trials_per_s']!s:>9} {row['fixed_s_per_run']:>8.2f} "
-              f"{row['run_ms_per_trial']:>9.1f} {row['x_of_search']!s:>7}")
+        print(
+            f"{LABELS[row['contender']]:<48} {row['trials']:>6} {row['ms_per_trial']:>9.1f} "
+            f"{row['trials_per_s']!s:>9} {row['fixed_s_per_run']:>8.2f} "
+            f"{row['run_ms_per_trial']:>9.1f} {row['x_of_search']!s:>7}"
+        )
     print(f"\nwrote {OUT / 'overhead.csv'} and {OUT / 'overhead.png'}")
 
 

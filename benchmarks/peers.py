@@ -77,13 +77,22 @@ class Recorder:
 def _spec(trials: int, epochs: int, seed: int, tmp: Path) -> Any:
     from search.spec.schema import load_spec, with_overrides
 
-    return with_overrides(load_spec(SPACE), **{
-        "budget.trials": trials, "budget.max_epochs": epochs, "sampler.seed": seed,
-        "storage": f"sqlite:///{tmp}/optuna.db", "study": f"peers-{seed}",
-        "asha.grace_period": 1, "asha.reduction_factor": 3})
+    return with_overrides(
+        load_spec(SPACE),
+        **{
+            "budget.trials": trials,
+            "budget.max_epochs": epochs,
+            "sampler.seed": seed,
+            "storage": f"sqlite:///{tmp}/optuna.db",
+            "study": f"peers-{seed}",
+            "asha.grace_period": 1,
+            "asha.reduction_factor": 3,
+        },
+    )
 
 
 # ---- contenders -------------------------------------------------------------------------------
+
 
 def _search(trials: int, epochs: int, seeds: list[int], cpus: int, tmp: Path) -> list[dict]:
     from ray.tune import Callback
@@ -94,8 +103,9 @@ def _search(trials: int, epochs: int, seeds: list[int], cpus: int, tmp: Path) ->
         def __init__(self, recorder: Recorder) -> None:
             self.recorder = recorder
 
-        def on_trial_result(self, iteration: int, trials: list, trial: Any, result: dict,
-                            **info: Any) -> None:
+        def on_trial_result(
+            self, iteration: int, trials: list, trial: Any, result: dict, **info: Any
+        ) -> None:
             if "val_accuracy" in result:
                 self.recorder.add(result["val_accuracy"])
 
@@ -104,14 +114,17 @@ def _search(trials: int, epochs: int, seeds: list[int], cpus: int, tmp: Path) ->
     out = []
     for seed in seeds:
         recorder = Recorder()
-        run_study(_spec(trials, epochs, seed, tmp),
-                  RunOptions(results_dir=tmp / "r", progress=False, callbacks=[Tap(recorder)]))
+        run_study(
+            _spec(trials, epochs, seed, tmp),
+            RunOptions(results_dir=tmp / "r", progress=False, callbacks=[Tap(recorder)]),
+        )
         out.append(_summary(recorder))
     return out
 
 
-def _optuna(trials: int, epochs: int, seeds: list[int], cpus: int, tmp: Path,
-            pruned: bool) -> list[dict]:
+def _optuna(
+    trials: int, epochs: int, seeds: list[int], cpus: int, tmp: Path, pruned: bool
+) -> list[dict]:
     import optuna
 
     from search.contract import TrialContext
@@ -126,8 +139,11 @@ def _optuna(trials: int, epochs: int, seeds: list[int], cpus: int, tmp: Path,
 
         def objective(trial: Any) -> float:
             params = {**spec.fixed, **sample(trial, spec.space)}
-            ctx = TrialContext(max_epochs=spec.budget.max_epochs, num_threads=1,
-                               seed=(spec.sampler.seed or 0) + trial.number)
+            ctx = TrialContext(
+                max_epochs=spec.budget.max_epochs,
+                num_threads=1,
+                seed=(spec.sampler.seed or 0) + trial.number,
+            )
             value = 0.0
             generator = train(params, data, ctx)
             try:
@@ -146,10 +162,10 @@ def _optuna(trials: int, epochs: int, seeds: list[int], cpus: int, tmp: Path,
 
     def study(seed: int) -> Any:
         if pruned:
-            sampler: Any = optuna.samplers.TPESampler(seed=seed, multivariate=True, group=True,
-                                                      constant_liar=True)
-            pruner: Any = optuna.pruners.SuccessiveHalvingPruner(min_resource=1,
-                                                                 reduction_factor=3)
+            sampler: Any = optuna.samplers.TPESampler(
+                seed=seed, multivariate=True, group=True, constant_liar=True
+            )
+            pruner: Any = optuna.pruners.SuccessiveHalvingPruner(min_resource=1, reduction_factor=3)
         else:
             sampler, pruner = optuna.samplers.RandomSampler(seed=seed), optuna.pruners.NopPruner()
         return optuna.create_study(direction="maximize", sampler=sampler, pruner=pruner)
@@ -211,8 +227,9 @@ def _ray_asha(trials: int, epochs: int, seeds: list[int], cpus: int, tmp: Path) 
         def __init__(self, recorder: Recorder | None) -> None:
             self.recorder = recorder
 
-        def on_trial_result(self, iteration: int, trials: list, trial: Any, result: dict,
-                            **info: Any) -> None:
+        def on_trial_result(
+            self, iteration: int, trials: list, trial: Any, result: dict, **info: Any
+        ) -> None:
             if self.recorder and "val_accuracy" in result:
                 self.recorder.add(result["val_accuracy"])
 
@@ -220,17 +237,25 @@ def _ray_asha(trials: int, epochs: int, seeds: list[int], cpus: int, tmp: Path) 
 
     def fit(seed: int, n: int, e: int, recorder: Recorder | None) -> None:
         spec = _spec(n, e, seed, tmp)
-        trainable = tune.with_parameters(_tune_trial, space=spec.space, fixed=spec.fixed,
-                                         epochs=e, data=load_data(spec.data))
+        trainable = tune.with_parameters(
+            _tune_trial, space=spec.space, fixed=spec.fixed, epochs=e, data=load_data(spec.data)
+        )
         tune.Tuner(
             trainable,
             param_space={**_tune_domains(spec.space), "seed": tune.randint(0, 2**31 - 1)},
             tune_config=tune.TuneConfig(
-                metric="val_accuracy", mode="max", num_samples=n,
+                metric="val_accuracy",
+                mode="max",
+                num_samples=n,
                 search_alg=BasicVariantGenerator(random_state=seed),
-                scheduler=ASHAScheduler(max_t=e, grace_period=1, reduction_factor=3)),
-            run_config=tune.RunConfig(name=f"peers-{seed}-{n}", storage_path=str(tmp / "ray"),
-                                      callbacks=[Tap(recorder)], verbose=0),
+                scheduler=ASHAScheduler(max_t=e, grace_period=1, reduction_factor=3),
+            ),
+            run_config=tune.RunConfig(
+                name=f"peers-{seed}-{n}",
+                storage_path=str(tmp / "ray"),
+                callbacks=[Tap(recorder)],
+                verbose=0,
+            ),
         ).fit()
 
     fit(99, 1, 1, None)  # warm
@@ -243,8 +268,11 @@ def _ray_asha(trials: int, epochs: int, seeds: list[int], cpus: int, tmp: Path) 
 
 
 def _summary(recorder: Recorder) -> dict:
-    return {"wall_s": time.perf_counter() - recorder.start, "epochs": recorder.epochs,
-            "points": recorder.points}
+    return {
+        "wall_s": time.perf_counter() - recorder.start,
+        "epochs": recorder.epochs,
+        "points": recorder.points,
+    }
 
 
 def run_contender(name: str, trials: int, epochs: int, seeds: list[int], cpus: int) -> list[dict]:
@@ -263,6 +291,7 @@ def run_contender(name: str, trials: int, epochs: int, seeds: list[int], cpus: i
 
 
 # ---- the driver -------------------------------------------------------------------------------
+
 
 def _time_to(points: list[tuple[float, float]], target: float) -> float | None:
     return next((t for t, v in sorted(points) if v >= target), None)
@@ -294,8 +323,12 @@ def _plot(runs: dict[str, list[dict]], target: float, path: Path) -> None:
             known = [v for v in column if v == v]
             median.append(statistics.median(known) if len(known) * 2 > len(column) else None)
         style = {"lw": 2.5} if name == "search" else {"lw": 1.5}
-        ax.plot(grid, [m if m is not None else float("nan") for m in median],
-                label=LABELS[name], **style)
+        ax.plot(
+            grid,
+            [m if m is not None else float("nan") for m in median],
+            label=LABELS[name],
+            **style,
+        )
     ax.axhline(target, color="gray", ls=":", lw=1)
     ax.set_xlabel("wall time (s)")
     ax.set_ylabel("best val_accuracy so far (median over seeds)")
@@ -324,56 +357,93 @@ def main() -> None:
     runs: dict[str, list[dict]] = {name: [] for name in args.only}
     for seed in args.seeds:  # seed by seed, so a busy spell on the machine hits every contender
         for name in args.only:
-            cmd = [sys.executable, __file__, "--contender", name, "--trials", str(args.trials),
-                   "--epochs", str(args.epochs), "--cpus", str(args.cpus), "--seeds", str(seed)]
-            done = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO,
-                                  env={**os.environ, "PYTHONPATH": str(REPO)})
+            cmd = [
+                sys.executable,
+                __file__,
+                "--contender",
+                name,
+                "--trials",
+                str(args.trials),
+                "--epochs",
+                str(args.epochs),
+                "--cpus",
+                str(args.cpus),
+                "--seeds",
+                str(seed),
+            ]
+            done = subprocess.run(
+                cmd,
+                capture_output=True,
+                text=True,
+                cwd=REPO,
+                env={**os.environ, "PYTHONPATH": str(REPO)},
+            )
             lines = [ln for ln in done.stdout.splitlines() if ln.startswith("RESULT ")]
             if done.returncode != 0 or not lines:
                 raise SystemExit(f"{name} failed:\n{done.stderr[-3000:]}")
-            runs[name] += json.loads(lines[-1][len("RESULT "):])
-            print(f"  seed {seed} {name:<10} {runs[name][-1]['wall_s']:6.1f} s",
-                  file=sys.stderr, flush=True)
+            runs[name] += json.loads(lines[-1][len("RESULT ") :])
+            print(
+                f"  seed {seed} {name:<10} {runs[name][-1]['wall_s']:6.1f} s",
+                file=sys.stderr,
+                flush=True,
+            )
 
     OUT.mkdir(parents=True, exist_ok=True)
     per_run, summary = [], []
     for name, results in runs.items():
         for seed, r in zip(args.seeds, results, strict=True):
-            per_run.append({"contender": name, "seed": seed, "wall_s": round(r["wall_s"], 1),
-                            "epochs": r["epochs"],
-                            "best": round(max((v for _, v in r["points"]), default=0.0), 4),
-                            "first_epoch_s": _round(min((t for t, _ in r["points"]),
-                                                        default=None)),
-                            "time_to_target_s": _round(_time_to(r["points"], args.target))})
+            per_run.append(
+                {
+                    "contender": name,
+                    "seed": seed,
+                    "wall_s": round(r["wall_s"], 1),
+                    "epochs": r["epochs"],
+                    "best": round(max((v for _, v in r["points"]), default=0.0), 4),
+                    "first_epoch_s": _round(min((t for t, _ in r["points"]), default=None)),
+                    "time_to_target_s": _round(_time_to(r["points"], args.target)),
+                }
+            )
         rows = [p for p in per_run if p["contender"] == name]
         reached = [p["time_to_target_s"] for p in rows if p["time_to_target_s"] is not None]
-        summary.append({
-            "contender": name, "seeds": len(rows), "trials": args.trials, "epochs": args.epochs,
-            "wall_s": round(statistics.median(p["wall_s"] for p in rows), 1),
-            "epochs_trained": statistics.median(p["epochs"] for p in rows),
-            "first_epoch_s": statistics.median(p["first_epoch_s"] or 0.0 for p in rows),
-            "best": statistics.median(p["best"] for p in rows),
-            "reached_target": f"{len(reached)}/{len(rows)}",
-            "time_to_target_s": (round(statistics.median(reached), 1)
-                                 if len(reached) * 2 > len(rows) else None),
-        })
+        summary.append(
+            {
+                "contender": name,
+                "seeds": len(rows),
+                "trials": args.trials,
+                "epochs": args.epochs,
+                "wall_s": round(statistics.median(p["wall_s"] for p in rows), 1),
+                "epochs_trained": statistics.median(p["epochs"] for p in rows),
+                "first_epoch_s": statistics.median(p["first_epoch_s"] or 0.0 for p in rows),
+                "best": statistics.median(p["best"] for p in rows),
+                "reached_target": f"{len(reached)}/{len(rows)}",
+                "time_to_target_s": (
+                    round(statistics.median(reached), 1) if len(reached) * 2 > len(rows) else None
+                ),
+            }
+        )
     _write(OUT / "peers.csv", per_run)
     _write(OUT / "peers_summary.csv", summary)
     _plot(runs, args.target, OUT / "peers.png")
 
     ours = next((s for s in summary if s["contender"] == "search"), None)
-    print(f"\ndigits CNN, {args.trials} trials x {args.epochs} epochs, seeds {args.seeds}, "
-          f"{args.cpus} CPUs, target val_accuracy {args.target} (medians over seeds)")
-    print(f"{'contender':<40} {'wall s':>7} {'x ours':>6} {'1st epoch s':>11} "
-          f"{'to target s':>11} {'x ours':>6} {'reached':>7} {'best':>6} {'epochs':>6}")
+    print(
+        f"\ndigits CNN, {args.trials} trials x {args.epochs} epochs, seeds {args.seeds}, "
+        f"{args.cpus} CPUs, target val_accuracy {args.target} (medians over seeds)"
+    )
+    print(
+        f"{'contender':<40} {'wall s':>7} {'x ours':>6} {'1st epoch s':>11} "
+        f"{'to target s':>11} {'x ours':>6} {'reached':>7} {'best':>6} {'epochs':>6}"
+    )
     for s in summary:
         wall_x = s["wall_s"] / ours["wall_s"] if ours else float("nan")
         tt, ott = s["time_to_target_s"], ours["time_to_target_s"] if ours else None
         tt_x = f"{tt / ott:.2f}" if tt and ott else "-"
-        print(f"{LABELS[s['contender']]:<40} {s['wall_s']:>7.1f} {wall_x:>6.2f} "
-              f"{s['first_epoch_s']:>11.1f} "
-              f"{tt if tt is not None else '-':>11} {tt_x:>6} {s['reached_target']:>7} "
-              f"{s['best']:>6.4f} {s['epochs_trained']:>6}")
+        print(
+            f"{LABELS[s['contender']]:<40} {s['wall_s']:>7.1f} {wall_x:>6.2f} "
+            f"{s['first_epoch_s']:>11.1f} "
+            f"{tt if tt is not None else '-':>11} {tt_x:>6} {s['reached_target']:>7} "
+            f"{s['best']:>6.4f} {s['epochs_trained']:>6}"
+        )
     print(f"\nwrote {OUT / 'peers.csv'}, {OUT / 'peers_summary.csv'} and {OUT / 'peers.png'}")
 
 

@@ -38,8 +38,11 @@ def main(argv: list[str] | None = None) -> int:
     spec = load_spec(bundle / "config.yaml")
     data = load_data(spec.data)
     if len(data.y_val) == 0:
-        print(f"error: data {spec.data.name!r} is read by the trainable itself; this check "
-              "needs array data such as digits", file=sys.stderr)
+        print(
+            f"error: data {spec.data.name!r} is read by the trainable itself; this check "
+            "needs array data such as digits",
+            file=sys.stderr,
+        )
         return 2
     exported = json.loads((bundle / "metrics.json").read_text())["final"]
     session = ort.InferenceSession(str(bundle / "model.onnx"), providers=["CPUExecutionProvider"])
@@ -50,10 +53,14 @@ def main(argv: list[str] | None = None) -> int:
     target = float(exported.get("export_val_accuracy", exported["val_accuracy"]))
     diff = abs(accuracy - target)
     allowed = 1.0 / len(data.y_val)
-    print(f"onnxruntime {ort.__version__}: {len(data.y_val)} validation examples of "
-          f"{spec.data.name} in {1000 * seconds:.1f} ms")
-    print(f"val_accuracy {accuracy:.4f} (onnx) vs {target:.4f} (exported): difference "
-          f"{diff:.4f}, allowed {allowed:.4f} (one example)")
+    print(
+        f"onnxruntime {ort.__version__}: {len(data.y_val)} validation examples of "
+        f"{spec.data.name} in {1000 * seconds:.1f} ms"
+    )
+    print(
+        f"val_accuracy {accuracy:.4f} (onnx) vs {target:.4f} (exported): difference "
+        f"{diff:.4f}, allowed {allowed:.4f} (one example)"
+    )
     if diff > allowed:
         print("MISMATCH", file=sys.stderr)
         return 1

@@ -92,8 +92,14 @@ def run(
         storage_field="--storage" if storage else f"{spec}: storage",
         data_field=f"{spec}: data",
     )
-    options = RunOptions(results_dir=results, address=address, verbose=verbose,
-                         restart=restart, takeover=takeover, source=str(spec))
+    options = RunOptions(
+        results_dir=results,
+        address=address,
+        verbose=verbose,
+        restart=restart,
+        takeover=takeover,
+        source=str(spec),
+    )
     summary = run_study(parsed, options)
     done = load_study(parsed.study, parsed.storage)
     folder = write_results(done, parsed, results)
@@ -105,12 +111,18 @@ def run(
 
 def _no_trial_completed(study: Any, states: dict[int, str]) -> None:
     """One line and exit 1 when every trial of this run was pruned or failed."""
-    reasons = [t.user_attrs.get("fail_reason") for t in study.get_trials(deepcopy=False)
-               if t.number in states and t.state.name == "FAIL"]
+    reasons = [
+        t.user_attrs.get("fail_reason")
+        for t in study.get_trials(deepcopy=False)
+        if t.number in states and t.state.name == "FAIL"
+    ]
     failed = sum(s == "FAIL" for s in states.values())
     why = f"; first failure: {one_line(str(reasons[0]))}" if reasons and reasons[0] else ""
-    typer.echo(f"error: no trial of this run completed ({failed} of {len(states)} failed{why}); "
-               f"see `python -m search trials {study.study_name}`", err=True)
+    typer.echo(
+        f"error: no trial of this run completed ({failed} of {len(states)} failed{why}); "
+        f"see `python -m search trials {study.study_name}`",
+        err=True,
+    )
     raise typer.Exit(1)
 
 
@@ -184,8 +196,16 @@ def export(
     from search.run.preflight import check_storage
 
     check_storage(storage, "--storage")
-    export_study(study, storage, out, top_k=top_k, seeds=seeds, address=address,
-                 results_dir=results, log=lambda line: console.print(line, markup=False))
+    export_study(
+        study,
+        storage,
+        out,
+        top_k=top_k,
+        seeds=seeds,
+        address=address,
+        results_dir=results,
+        log=lambda line: console.print(line, markup=False),
+    )
 
 
 @app.command()
@@ -231,8 +251,10 @@ def train(
         target, tolerance = float(saved["final"][metric]), float(saved["tolerance"])
         diff = abs(final[metric] - target)
         verdict = "reproduces" if diff <= tolerance else "does NOT reproduce"
-        console.print(f"{verdict} the exported {metric} {target:.4f} "
-                      f"(difference {diff:.4f}, tolerance {tolerance})")
+        console.print(
+            f"{verdict} the exported {metric} {target:.4f} "
+            f"(difference {diff:.4f}, tolerance {tolerance})"
+        )
         if diff > tolerance:
             raise typer.Exit(1)
 

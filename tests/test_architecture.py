@@ -84,8 +84,9 @@ def layer(module: str) -> int:
 
 def upward(edges: Mapping[str, Iterable[str]]) -> list[str]:
     """Every import from a lower layer into a higher one."""
-    return sorted(f"{a} -> {b}" for a, targets in edges.items() for b in targets
-                  if layer(b) < layer(a))
+    return sorted(
+        f"{a} -> {b}" for a, targets in edges.items() for b in targets if layer(b) < layer(a)
+    )
 
 
 def cycles(edges: Mapping[str, Iterable[str]]) -> list[list[str]]:
@@ -132,8 +133,12 @@ def test_the_import_graph_has_no_cycle() -> None:
 
 def test_only_the_cli_imports_search_modules_inside_functions() -> None:
     _, lazy = graph()
-    hidden = sorted(f"{m} -> {t}" for m, targets in lazy.items() for t in targets
-                    if targets and m not in LAZY_ALLOWED)
+    hidden = sorted(
+        f"{m} -> {t}"
+        for m, targets in lazy.items()
+        for t in targets
+        if targets and m not in LAZY_ALLOWED
+    )
     assert hidden == []
 
 
@@ -142,18 +147,30 @@ def test_every_package_is_in_a_layer() -> None:
         layer(module_name(path))
 
 
-@pytest.mark.parametrize(("edges", "problem"), [
-    ({"search.spec.schema": {"search.run.runner"}}, ["search.spec.schema -> search.run.runner"]),
-    ({"search.contract.driver": {"search.record.fate"}},
-     ["search.contract.driver -> search.record.fate"]),
-    ({"search.run.runner": {"search.spec.schema"}}, []),
-])
+@pytest.mark.parametrize(
+    ("edges", "problem"),
+    [
+        (
+            {"search.spec.schema": {"search.run.runner"}},
+            ["search.spec.schema -> search.run.runner"],
+        ),
+        (
+            {"search.contract.driver": {"search.record.fate"}},
+            ["search.contract.driver -> search.record.fate"],
+        ),
+        ({"search.run.runner": {"search.spec.schema"}}, []),
+    ],
+)
 def test_the_layer_check_catches_an_upward_import(edges: dict, problem: list) -> None:
     assert upward(edges) == problem
 
 
 def test_the_cycle_check_catches_a_cycle() -> None:
-    edges = {"search.run.a": {"search.run.b"}, "search.run.b": {"search.run.c"},
-             "search.run.c": {"search.run.a"}, "search.run.d": {"search.run.a"}}
+    edges = {
+        "search.run.a": {"search.run.b"},
+        "search.run.b": {"search.run.c"},
+        "search.run.c": {"search.run.a"},
+        "search.run.d": {"search.run.a"},
+    }
     assert cycles(edges) == [["search.run.a", "search.run.b", "search.run.c"]]
     assert cycles({"search.run.a": {"search.run.b"}}) == []

@@ -16,7 +16,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from collections import Counter
 from pathlib import Path
 
@@ -36,9 +35,20 @@ NAMESPACED = ("unshare", "--pid", "--fork", "--mount-proc")
 def _driver(spec: Path, namespaced: bool) -> subprocess.Popen:
     prefix = NAMESPACED if namespaced else ()
     return subprocess.Popen(
-        [*prefix, sys.executable, "-m", "search", "run", str(spec),
-         "--results", str(spec.parent / "res")],
-        cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+        [
+            *prefix,
+            sys.executable,
+            "-m",
+            "search",
+            "run",
+            str(spec),
+            "--results",
+            str(spec.parent / "res"),
+        ],
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
         start_new_session=True,
         env={**os.environ, "PYTHONPATH": str(REPO), "SEARCH_LEASE_TTL_S": "3"},
     )
@@ -48,9 +58,14 @@ def test_twenty_kill_9s_then_a_resume_leave_a_true_study(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     namespaces = bool(shutil.which("unshare")) and os.geteuid() == 0
-    data = base_spec(tmp_path, study="chaos", budget={"trials": BUDGET, "max_epochs": 3},
-                     fixed={"sleep": 0.3}, asha={"enabled": False},
-                     sampler={"name": "random", "seed": 7})
+    data = base_spec(
+        tmp_path,
+        study="chaos",
+        budget={"trials": BUDGET, "max_epochs": 3},
+        fixed={"sleep": 0.3},
+        asha={"enabled": False},
+        sampler={"name": "random", "seed": 7},
+    )
     spec = write_spec(tmp_path / "chaos.yaml", data)
     rng = random.Random(20261201)
     delays = []
@@ -74,11 +89,13 @@ def test_twenty_kill_9s_then_a_resume_leave_a_true_study(
     params = [tuple(sorted(t.params.items())) for t in trials if t.params]
     duplicates = len(params) - len(set(params))
     with capsys.disabled():
-        print(f"\nchaos: {KILLS} kill -9s (delays {min(delays):.1f}-{max(delays):.1f} s, every "
-              f"4th in a PID namespace: {namespaces}); {len(trials)} trials: "
-              f"{dict(states)}; interrupted {interrupted}; counted {counted} of budget "
-              f"{BUDGET}; RUNNING {states['RUNNING'] + states['WAITING']}; "
-              f"duplicate params {duplicates}")
+        print(
+            f"\nchaos: {KILLS} kill -9s (delays {min(delays):.1f}-{max(delays):.1f} s, every "
+            f"4th in a PID namespace: {namespaces}); {len(trials)} trials: "
+            f"{dict(states)}; interrupted {interrupted}; counted {counted} of budget "
+            f"{BUDGET}; RUNNING {states['RUNNING'] + states['WAITING']}; "
+            f"duplicate params {duplicates}"
+        )
     assert states["RUNNING"] == 0 and states["WAITING"] == 0
     assert counted == BUDGET
     assert duplicates == 0

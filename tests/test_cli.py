@@ -155,14 +155,23 @@ def test_dashboard_on_other_host_warns_and_busy_port_fails(tmp_path: Path) -> No
 
 @pytest.mark.slow
 def test_a_run_where_no_trial_completes_exits_1_with_the_reason(tmp_path: Path) -> None:
-    spec = base_spec(tmp_path, study="typo", trainable="search.testing:hostile",
-                     budget={"trials": 2, "max_epochs": 2}, space={"x": {"uniform": [0, 1]}},
-                     fixed={"mode": "typo"}, faults={"max_failures": 0})
-    proc = _cli("run", str(write_spec(tmp_path / "typo.yaml", spec)),
-                "--results", str(tmp_path / "results"))
+    spec = base_spec(
+        tmp_path,
+        study="typo",
+        trainable="search.testing:hostile",
+        budget={"trials": 2, "max_epochs": 2},
+        space={"x": {"uniform": [0, 1]}},
+        fixed={"mode": "typo"},
+        faults={"max_failures": 0},
+    )
+    proc = _cli(
+        "run", str(write_spec(tmp_path / "typo.yaml", spec)), "--results", str(tmp_path / "results")
+    )
     assert proc.returncode == 1, proc.stderr
     last = proc.stderr.strip().splitlines()[-1]
-    assert last == ("error: no trial of this run completed (2 of 2 failed; first failure: metric "
-                    "val_accuracy missing at epoch 1 (got keys: accuracy, loss)); see "
-                    "`python -m search trials typo`")
+    assert last == (
+        "error: no trial of this run completed (2 of 2 failed; first failure: metric "
+        "val_accuracy missing at epoch 1 (got keys: accuracy, loss)); see "
+        "`python -m search trials typo`"
+    )
     assert "Traceback" not in proc.stderr + proc.stdout

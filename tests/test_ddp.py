@@ -40,9 +40,13 @@ def probe(config: Mapping[str, Any], data: Dataset, ctx: TrialContext) -> Iterat
         if config.get("raise_on_rank") == rank and epoch == 2:
             raise ValueError(f"rank {rank} failed at epoch {epoch}")
         dist.barrier()
-        yield {"val_accuracy": 0.5, "world": float(world), "rank": float(rank),
-               "extras_world": float(ctx.extras["ddp_world_size"]),
-               **{f"pid{r}": float(p.item()) for r, p in enumerate(pids)}}
+        yield {
+            "val_accuracy": 0.5,
+            "world": float(world),
+            "rank": float(rank),
+            "extras_world": float(ctx.extras["ddp_world_size"]),
+            **{f"pid{r}": float(p.item()) for r, p in enumerate(pids)},
+        }
 
 
 def _alive(pid: int) -> bool:
@@ -67,21 +71,27 @@ def test_two_gloo_workers_report_through_rank_zero_and_die_with_the_trial() -> N
 
 def test_an_error_on_any_rank_ends_the_trial_with_that_error() -> None:
     ctx = TrialContext(max_epochs=3, num_threads=1)
-    epochs = data_parallel("tests.test_ddp:probe", {"raise_on_rank": 1}, load_digits(0.2, 0),
-                           ctx, workers=2)
+    epochs = data_parallel(
+        "tests.test_ddp:probe", {"raise_on_rank": 1}, load_digits(0.2, 0), ctx, workers=2
+    )
     with pytest.raises(ValueError, match="rank 1 failed at epoch 2"):
         list(epochs)
 
 
 def _one_trial_on_two_devices(tmp_path: Path, trainable: str, epochs: int) -> Any:
     """Runs a one-trial study of ``trainable`` with ``workers_per_trial: 2`` on CPU; its trial."""
-    spec = parse_spec(base_spec(
-        tmp_path, study=trainable, trainable=trainable,
-        budget={"trials": 1, "max_epochs": epochs}, asha={"enabled": False},
-        resources={"workers_per_trial": 2, "cpus_per_trial": 2},
-        fixed={"channels": 8, "optimizer": "adam", "batch_size": 64},
-        space={"lr": {"loguniform": [3.0e-3, 4.0e-3]}},
-    ))
+    spec = parse_spec(
+        base_spec(
+            tmp_path,
+            study=trainable,
+            trainable=trainable,
+            budget={"trials": 1, "max_epochs": epochs},
+            asha={"enabled": False},
+            resources={"workers_per_trial": 2, "cpus_per_trial": 2},
+            fixed={"channels": 8, "optimizer": "adam", "batch_size": 64},
+            space={"lr": {"loguniform": [3.0e-3, 4.0e-3]}},
+        )
+    )
     run_study(spec, RunOptions(results_dir=tmp_path / "results", progress=False))
     study = optuna.load_study(study_name=trainable, storage=spec.storage)
     assert len(study.trials) == 1

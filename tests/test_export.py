@@ -34,20 +34,25 @@ from tests.conftest import REPO, base_spec
 from tests.test_cli import _cli
 
 
-def make_study(tmp_path: Path, values: dict[float, TrialState], param: str = "x",
-               **changes: Any) -> Any:
+def make_study(
+    tmp_path: Path, values: dict[float, TrialState], param: str = "x", **changes: Any
+) -> Any:
     """A study whose trials have the given ``param`` values and states (value = param)."""
     spec = parse_spec(base_spec(tmp_path, **changes))
     study = open_study(spec)
     bounds = spec.space[param]
     for x, state in values.items():
         done = state == TrialState.COMPLETE
-        study.add_trial(create_trial(
-            state=state, value=x if done else None, params={param: x},
-            distributions={param: FloatDistribution(*_range(bounds), log=param == "lr")},
-            intermediate_values={1: x / 2} if state != TrialState.FAIL else {},
-            user_attrs={"epochs": 1},
-        ))
+        study.add_trial(
+            create_trial(
+                state=state,
+                value=x if done else None,
+                params={param: x},
+                distributions={param: FloatDistribution(*_range(bounds), log=param == "lr")},
+                intermediate_values={1: x / 2} if state != TrialState.FAIL else {},
+                user_attrs={"epochs": 1},
+            )
+        )
     return spec, study
 
 
@@ -64,14 +69,15 @@ def test_export_refuses_a_study_without_complete_trials(tmp_path: Path) -> None:
     spec, _ = make_study(tmp_path, {0.2: TrialState.PRUNED, 0.4: TrialState.FAIL})
     proc = _cli("export", "t", "--storage", spec.storage, "--out", str(tmp_path / "out"))
     assert proc.returncode == 2
-    assert proc.stderr == ("error: study 't' has no COMPLETE trial to export (2 trials: "
-                           "1 pruned, 1 failed); run more trials first\n")
+    assert proc.stderr == (
+        "error: study 't' has no COMPLETE trial to export (2 trials: "
+        "1 pruned, 1 failed); run more trials first\n"
+    )
     assert not (tmp_path / "out").exists()
 
 
 def test_export_refuses_a_trainable_without_an_export_hook(tmp_path: Path) -> None:
-    spec, _ = make_study(tmp_path, {0.5: TrialState.COMPLETE},
-                         trainable="search.testing:instant")
+    spec, _ = make_study(tmp_path, {0.5: TrialState.COMPLETE}, trainable="search.testing:instant")
     with pytest.raises(Exception, match=r"has no export hook: define export\(config"):
         export_study("t", spec.storage, tmp_path / "out", log=lambda line: None)
 
@@ -80,14 +86,18 @@ def test_export_refuses_a_trainable_without_an_export_hook(tmp_path: Path) -> No
 
 
 @pytest.mark.ray
-def test_confirmation_is_recorded_apart_and_picks_the_best_mean(ray_local: None,
-                                                                 tmp_path: Path) -> None:
-    values = {0.9: TrialState.COMPLETE, 0.7: TrialState.COMPLETE, 0.8: TrialState.COMPLETE,
-              0.95: TrialState.PRUNED}
+def test_confirmation_is_recorded_apart_and_picks_the_best_mean(
+    ray_local: None, tmp_path: Path
+) -> None:
+    values = {
+        0.9: TrialState.COMPLETE,
+        0.7: TrialState.COMPLETE,
+        0.8: TrialState.COMPLETE,
+        0.95: TrialState.PRUNED,
+    }
     spec, study = make_study(tmp_path, values, budget={"trials": 8, "max_epochs": 4})
     lines: list[str] = []
-    result = export_study("t", spec.storage, tmp_path / "out", top_k=2, seeds=2,
-                          log=lines.append)
+    result = export_study("t", spec.storage, tmp_path / "out", top_k=2, seeds=2, log=lines.append)
     assert [r.source_trial for r in result.rows] == [0, 2]  # top 2 of 3 COMPLETE, best first
     assert result.chosen.source_trial == 0
     expected = 0.9 * (1 - 0.5**4)
@@ -102,8 +112,14 @@ def test_confirmation_is_recorded_apart_and_picks_the_best_mean(ray_local: None,
         assert sorted(t.intermediate_values) == [1, 2, 3, 4]
     assert not set(result.rows[0].values) & {spec.sampler.seed + n for n in range(100)}
     bundle = tmp_path / "out"
-    assert {"config.yaml", "metrics.json", "environment.txt", "MODEL_CARD.md",
-            "learning_curves.png", "model.json"} <= {p.name for p in bundle.iterdir()}
+    assert {
+        "config.yaml",
+        "metrics.json",
+        "environment.txt",
+        "MODEL_CARD.md",
+        "learning_curves.png",
+        "model.json",
+    } <= {p.name for p in bundle.iterdir()}
     metrics = json.loads((bundle / "metrics.json").read_text())
     assert metrics["final"]["val_accuracy"] == pytest.approx(expected)
     assert [row["source_trial"] for row in metrics["confirmation"]] == [0, 2]
@@ -114,12 +130,18 @@ def test_confirmation_is_recorded_apart_and_picks_the_best_mean(ray_local: None,
 
 
 @pytest.mark.ray
-def test_config_yaml_round_trips_through_the_spec_validator(ray_local: None,
-                                                            tmp_path: Path) -> None:
-    spec, _ = make_study(tmp_path, {0.6: TrialState.COMPLETE}, fixed={"sleep": 0.0},
-                         budget={"trials": 8, "max_epochs": 3})
-    result = export_study("t", spec.storage, tmp_path / "out", top_k=1, seeds=1,
-                          log=lambda line: None)
+def test_config_yaml_round_trips_through_the_spec_validator(
+    ray_local: None, tmp_path: Path
+) -> None:
+    spec, _ = make_study(
+        tmp_path,
+        {0.6: TrialState.COMPLETE},
+        fixed={"sleep": 0.0},
+        budget={"trials": 8, "max_epochs": 3},
+    )
+    result = export_study(
+        "t", spec.storage, tmp_path / "out", top_k=1, seeds=1, log=lambda line: None
+    )
     loaded = load_spec(tmp_path / "out" / "config.yaml")
     assert parse_spec(loaded.to_dict()) == loaded  # validated, and stable when re-dumped
     assert loaded.space == {} and loaded.fixed == {"sleep": 0.0, "x": 0.6}
@@ -148,8 +170,12 @@ def test_torch_export_writes_safetensors_and_an_onnx_that_matches(tmp_path: Path
     history: list[dict[str, float]] = []
     export = declarations("torch_cnn").export
     assert export is torch_cnn.export
-    final = export(config, data, TrialContext(max_epochs=2, seed=3, num_threads=2,
-                                              extras={"history": history}), tmp_path)
+    final = export(
+        config,
+        data,
+        TrialContext(max_epochs=2, seed=3, num_threads=2, extras={"history": history}),
+        tmp_path,
+    )
     assert len(history) == 2 and final["val_accuracy"] == history[-1]["val_accuracy"]
     assert final["onnx_max_abs_diff"] <= 1e-4
     # Rebuilt from the safetensors file alone, the model gives the exported accuracy...
@@ -162,8 +188,7 @@ def test_torch_export_writes_safetensors_and_an_onnx_that_matches(tmp_path: Path
         accuracy = (model(tensors.x_val).argmax(1) == tensors.y_val).float().mean().item()
     assert accuracy == pytest.approx(final["export_val_accuracy"])
     # ...and ONNX Runtime agrees with it on random inputs over the data's range (0..16).
-    session = ort.InferenceSession(str(tmp_path / "model.onnx"),
-                                   providers=["CPUExecutionProvider"])
+    session = ort.InferenceSession(str(tmp_path / "model.onnx"), providers=["CPUExecutionProvider"])
     x = np.random.default_rng(0).uniform(0, 16, size=(64, 1, 8, 8)).astype(np.float32)
     got = session.run(None, {"input": x})[0]
     with torch.no_grad():
@@ -177,18 +202,31 @@ def test_torch_export_writes_safetensors_and_an_onnx_that_matches(tmp_path: Path
 @pytest.mark.slow
 @pytest.mark.ray
 @pytest.mark.torch
-def test_torch_study_exports_a_bundle_that_train_and_onnx_reproduce(ray_local: None,
-                                                                    tmp_path: Path) -> None:
+def test_torch_study_exports_a_bundle_that_train_and_onnx_reproduce(
+    ray_local: None, tmp_path: Path
+) -> None:
     spec, _ = make_study(
-        tmp_path, {3e-3: TrialState.COMPLETE, 1e-3: TrialState.COMPLETE},
-        study="cnn", trainable="torch_cnn", budget={"trials": 4, "max_epochs": 2},
-        fixed={"channels": 8, "batch_size": 64}, space={"lr": {"loguniform": [1e-4, 1e-2]}},
-        param="lr")
+        tmp_path,
+        {3e-3: TrialState.COMPLETE, 1e-3: TrialState.COMPLETE},
+        study="cnn",
+        trainable="torch_cnn",
+        budget={"trials": 4, "max_epochs": 2},
+        fixed={"channels": 8, "batch_size": 64},
+        space={"lr": {"loguniform": [1e-4, 1e-2]}},
+        param="lr",
+    )
     bundle = tmp_path / "bundle"
     result = export_study("cnn", spec.storage, bundle, top_k=2, seeds=1, log=lambda line: None)
     names = {p.name for p in bundle.iterdir()}
-    assert {"model.safetensors", "model.onnx", "config.yaml", "metrics.json",
-            "environment.txt", "MODEL_CARD.md", "learning_curves.png"} <= names
+    assert {
+        "model.safetensors",
+        "model.onnx",
+        "config.yaml",
+        "metrics.json",
+        "environment.txt",
+        "MODEL_CARD.md",
+        "learning_curves.png",
+    } <= names
     assert result.final["onnx_max_abs_diff"] <= 1e-4
     twin = result.chosen.values[result.seed]  # the confirmation run with the final seed
     assert twin is not None and abs(result.final["val_accuracy"] - twin) <= TOLERANCE
@@ -205,8 +243,14 @@ def _cli_script(*args: str) -> Any:
     import subprocess
     import sys
 
-    return subprocess.run([sys.executable, *args], cwd=REPO, capture_output=True, text=True,
-                          timeout=120, env={**os.environ, "PYTHONPATH": str(REPO)})
+    return subprocess.run(
+        [sys.executable, *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
 
 
 # --- TensorFlow ---------------------------------------------------------------------------------
@@ -216,12 +260,19 @@ def _cli_script(*args: str) -> Any:
 @pytest.mark.ray
 @pytest.mark.tf
 def test_tf_study_exports_a_keras_file_that_reloads_with_the_same_accuracy(
-        ray_local: None, tmp_path: Path) -> None:
+    ray_local: None, tmp_path: Path
+) -> None:
     pytest.importorskip("tensorflow")
     spec, _ = make_study(
-        tmp_path, {3e-3: TrialState.COMPLETE}, study="tfcnn", trainable="tf_cnn",
-        budget={"trials": 2, "max_epochs": 2}, fixed={"channels": 8, "batch_size": 64},
-        space={"lr": {"loguniform": [1e-4, 1e-2]}}, param="lr")
+        tmp_path,
+        {3e-3: TrialState.COMPLETE},
+        study="tfcnn",
+        trainable="tf_cnn",
+        budget={"trials": 2, "max_epochs": 2},
+        fixed={"channels": 8, "batch_size": 64},
+        space={"lr": {"loguniform": [1e-4, 1e-2]}},
+        param="lr",
+    )
     bundle = tmp_path / "bundle"
     result = export_study("tfcnn", spec.storage, bundle, top_k=1, seeds=1, log=lambda line: None)
     assert (bundle / "model.keras").exists() and (bundle / "saved_model").is_dir()

@@ -33,15 +33,19 @@ EXPECTED = {
 
 def test_each_mistake_gets_its_true_record(ray_local: None, tmp_path: Path) -> None:
     assert set(EXPECTED) == set(HOSTILE_MODES)
-    spec = parse_spec(base_spec(
-        tmp_path, study="hostile", trainable="search.testing:hostile",
-        budget={"trials": len(HOSTILE_MODES), "max_epochs": 3},
-        sampler={"name": "grid", "seed": 0},
-        # ASHA multiplies every result's metric; its only rung is the last epoch, so it prunes none
-        asha={"enabled": True, "grace_period": 3, "reduction_factor": 3},
-        space={"mode": {"choice": list(HOSTILE_MODES)}},
-        faults={"max_failures": 0},
-    ))
+    spec = parse_spec(
+        base_spec(
+            tmp_path,
+            study="hostile",
+            trainable="search.testing:hostile",
+            budget={"trials": len(HOSTILE_MODES), "max_epochs": 3},
+            sampler={"name": "grid", "seed": 0},
+            # ASHA multiplies every result's metric; its one rung is the last epoch: it prunes none
+            asha={"enabled": True, "grace_period": 3, "reduction_factor": 3},
+            space={"mode": {"choice": list(HOSTILE_MODES)}},
+            faults={"max_failures": 0},
+        )
+    )
     summary = run_study(spec, RunOptions(results_dir=tmp_path / "results", progress=False))
     assert summary.trials_this_run == len(HOSTILE_MODES)
     trials = {t.params["mode"]: t for t in load_study("hostile", spec.storage).trials}
@@ -51,5 +55,6 @@ def test_each_mistake_gets_its_true_record(ray_local: None, tmp_path: Path) -> N
         values = [trial.intermediate_values[e] for e in sorted(trial.intermediate_values)]
         assert (trial.state.name, trial.user_attrs.get("fail_reason")) == (state, reason), mode
         assert len(values) == len(curve) and all(
-            math.isclose(v, c, rel_tol=1e-6) for v, c in zip(values, curve, strict=True)), mode
+            math.isclose(v, c, rel_tol=1e-6) for v, c in zip(values, curve, strict=True)
+        ), mode
         assert all(isinstance(v, float) for v in values)

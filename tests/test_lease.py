@@ -36,10 +36,14 @@ def url(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
 
 
 def _holder(url: str, run: str, *prefix: str) -> subprocess.Popen:
-    proc = subprocess.Popen([*prefix, sys.executable, "-c", HOLD, url, run], cwd=REPO,
-                            stdout=subprocess.PIPE, text=True, start_new_session=True,
-                            env={**os.environ, "PYTHONPATH": str(REPO),
-                                 "SEARCH_LEASE_TTL_S": "1.2"})  # renews every 0.2 s
+    proc = subprocess.Popen(
+        [*prefix, sys.executable, "-c", HOLD, url, run],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        env={**os.environ, "PYTHONPATH": str(REPO), "SEARCH_LEASE_TTL_S": "1.2"},
+    )  # renews every 0.2 s
     assert proc.stdout is not None and proc.stdout.readline().strip() == "held"
     return proc
 
@@ -52,8 +56,11 @@ def _kill(proc: subprocess.Popen) -> None:
 def test_a_second_driver_is_refused_until_the_first_releases(url: str) -> None:
     first = StudyLease(url, "s", "first")
     assert first.acquire() is None
-    with pytest.raises(StudyBusyError, match=r"study 's' is being run by run first on host .*"
-                                             r"pass --takeover if that driver is dead"):
+    with pytest.raises(
+        StudyBusyError,
+        match=r"study 's' is being run by run first on host .*"
+        r"pass --takeover if that driver is dead",
+    ):
         StudyLease(url, "s", "second").acquire()
     first.release()
     second = StudyLease(url, "s", "second")
@@ -86,8 +93,9 @@ def test_a_killed_driver_frees_the_study_at_once(url: str) -> None:
     assert time.monotonic() - start < 5
 
 
-@pytest.mark.skipif(not shutil.which("unshare") or os.geteuid() != 0,
-                    reason="PID namespaces need unshare and root")
+@pytest.mark.skipif(
+    not shutil.which("unshare") or os.geteuid() != 0, reason="PID namespaces need unshare and root"
+)
 def test_a_driver_restarted_as_pid_1_again_takes_over_from_its_dead_self(url: str) -> None:
     """A restarted container: the dead driver was PID 1, the new one is PID 1 again."""
     namespaced = ("unshare", "--pid", "--fork", "--mount-proc")

@@ -124,8 +124,15 @@ def test_largest_config_takes_the_upper_end_of_every_size() -> None:
         "lr_scheduler": Param(choice=["none", "cosine"]),
     }
     config = largest_config(space, {"num_workers": 0})
-    assert config == {"num_workers": 0, "batch_size": 256, "channels": 64, "lr": 0.1,
-                      "precision": "fp32", "optimizer": "adamw", "lr_scheduler": "none"}
+    assert config == {
+        "num_workers": 0,
+        "batch_size": 256,
+        "channels": 64,
+        "lr": 0.1,
+        "precision": "fp32",
+        "optimizer": "adamw",
+        "lr_scheduler": "none",
+    }
 
 
 # ---- resolve: what each trial gets ----------------------------------------------------------
@@ -174,7 +181,11 @@ def test_fractional_gpus_pack_and_cap_memory() -> None:
 def test_several_gpus_or_workers_make_a_data_parallel_trial() -> None:
     placed = resolve(res(gpus_per_trial=2), {"CPU": 8.0, "GPU": 4.0})
     assert (placed.workers, placed.cpus_per_trial, placed.concurrency, placed.num_threads) == (
-        2, 2.0, 2, 1)
+        2,
+        2.0,
+        2,
+        1,
+    )
     cpu = resolve(res(workers_per_trial=2, cpus_per_trial=2), {"CPU": 2.0})
     assert (cpu.workers, cpu.gpus_per_trial, cpu.concurrency, cpu.num_threads) == (2, 0.0, 1, 1)
     single = resolve(res(gpus_per_trial=2), {"CPU": 8.0, "GPU": 4.0}, data_parallel=False)
@@ -188,8 +199,9 @@ def test_an_in_process_trainable_gets_one_process_holding_every_replica() -> Non
     gpus = resolve(res(gpus_per_trial=2), {"CPU": 8.0, "GPU": 4.0}, data_parallel=IN_PROCESS)
     assert (gpus.workers, gpus.replicas, gpus.cpus_per_trial, gpus.num_threads) == (1, 2, 2.0, 2)
     assert gpus.extras()["replicas"] == 2 and gpus.concurrency == 2
-    cpu = resolve(res(workers_per_trial=2, cpus_per_trial=2), {"CPU": 2.0},
-                  data_parallel=IN_PROCESS)
+    cpu = resolve(
+        res(workers_per_trial=2, cpus_per_trial=2), {"CPU": 2.0}, data_parallel=IN_PROCESS
+    )
     assert (cpu.workers, cpu.replicas, cpu.num_threads, cpu.concurrency) == (1, 2, 2, 1)
     assert resolve(res(), {"CPU": 2.0}, data_parallel=IN_PROCESS).extras()["replicas"] == 1
 
@@ -209,15 +221,24 @@ def test_auto_on_cpu_sets_each_trials_threads_to_its_cpu_share(
     ray_local: None, tmp_path: Path, max_concurrent: int | None, threads: int
 ) -> None:
     trace = tmp_path / "trace"
-    resources = {"gpus_per_trial": "auto", **({"max_concurrent": max_concurrent}
-                                              if max_concurrent else {})}
-    spec = parse_spec(base_spec(tmp_path, budget={"trials": 2, "max_epochs": 1},
-                                resources=resources, fixed={"trace_dir": str(trace)}))
+    resources = {
+        "gpus_per_trial": "auto",
+        **({"max_concurrent": max_concurrent} if max_concurrent else {}),
+    }
+    spec = parse_spec(
+        base_spec(
+            tmp_path,
+            budget={"trials": 2, "max_epochs": 1},
+            resources=resources,
+            fixed={"trace_dir": str(trace)},
+        )
+    )
     run_study(spec, RunOptions(results_dir=tmp_path / "results", progress=False))
     records = [json.loads(p.read_text()) for p in trace.glob("trial-*.json")]
     assert len(records) == 2
     assert {(r["device"], r["num_threads"], r["gpu_share"]) for r in records} == {
-        ("cpu", threads, None)}
+        ("cpu", threads, None)
+    }
     study = optuna.load_study(study_name="t", storage=spec.storage)
     assert [t.user_attrs["device"] for t in study.trials] == ["cpu", "cpu"]
 
@@ -241,8 +262,14 @@ DRIVER = textwrap.dedent(
 
 
 def _spec(tmp: Path, name: str, trials: int, resources: dict, fixed: dict) -> Path:
-    data = base_spec(tmp, study=name, budget={"trials": trials, "max_epochs": 2},
-                     asha={"enabled": False}, resources=resources, fixed=fixed)
+    data = base_spec(
+        tmp,
+        study=name,
+        budget={"trials": trials, "max_epochs": 2},
+        asha={"enabled": False},
+        resources=resources,
+        fixed=fixed,
+    )
     path = tmp / f"{name}.yaml"
     path.write_text(json.dumps(data))
     return path
@@ -260,13 +287,29 @@ def _max_overlap(records: list[dict]) -> int:
 @pytest.mark.slow
 def test_half_gpus_on_four_logical_gpus_run_eight_trials_at_once(tmp_path: Path) -> None:
     packed_trace, oom_trace = tmp_path / "packed", tmp_path / "oom"
-    packed = _spec(tmp_path, "packed", 8, {"cpus_per_trial": 0.25, "gpus_per_trial": 0.5},
-                   {"trace_dir": str(packed_trace), "wait_for": 8})
-    oom = _spec(tmp_path, "oom", 2, {"cpus_per_trial": 0.25, "gpus_per_trial": 0.25},
-                {"trace_dir": str(oom_trace), "oom_below_share": 0.5})
+    packed = _spec(
+        tmp_path,
+        "packed",
+        8,
+        {"cpus_per_trial": 0.25, "gpus_per_trial": 0.5},
+        {"trace_dir": str(packed_trace), "wait_for": 8},
+    )
+    oom = _spec(
+        tmp_path,
+        "oom",
+        2,
+        {"cpus_per_trial": 0.25, "gpus_per_trial": 0.25},
+        {"trace_dir": str(oom_trace), "oom_below_share": 0.5},
+    )
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    done = subprocess.run([sys.executable, "-c", DRIVER, str(packed), str(oom)], cwd=REPO,
-                          env=env, capture_output=True, text=True, timeout=600)
+    done = subprocess.run(
+        [sys.executable, "-c", DRIVER, str(packed), str(oom)],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
 
     records = [json.loads(p.read_text()) for p in packed_trace.glob("trial-*.json")]
@@ -276,7 +319,8 @@ def test_half_gpus_on_four_logical_gpus_run_eight_trials_at_once(tmp_path: Path)
     # each trial saw the GPU Ray assigned: one id in CUDA_VISIBLE_DEVICES, two trials per GPU
     assert Counter(r["cuda_visible_devices"] for r in records) == {g: 2 for g in "0123"}
     assert {(r["device"], r["gpu_share"], r["gpu_memory_fraction"]) for r in records} == {
-        ("cuda", 0.5, 0.45)}
+        ("cuda", 0.5, 0.45)
+    }
     study = optuna.load_study(study_name="packed", storage=f"sqlite:///{tmp_path}/optuna.db")
     seen = {r["trial"]: r["cuda_visible_devices"] for r in records}
     assert len(study.trials) == 8
@@ -288,8 +332,10 @@ def test_half_gpus_on_four_logical_gpus_run_eight_trials_at_once(tmp_path: Path)
     study = optuna.load_study(study_name="oom", storage=f"sqlite:///{tmp_path}/optuna.db")
     assert [t.state.name for t in study.trials] == ["COMPLETE", "COMPLETE"]
     assert [t.user_attrs["retries"] for t in study.trials] == [1, 1]
-    attempts = sorted((r["trial"], r["gpu_share"], r["gpu_memory_fraction"])
-                      for r in (json.loads(p.read_text()) for p in oom_trace.glob("*.json")))
+    attempts = sorted(
+        (r["trial"], r["gpu_share"], r["gpu_memory_fraction"])
+        for r in (json.loads(p.read_text()) for p in oom_trace.glob("*.json"))
+    )
     assert attempts == [(0, 0.25, 0.2), (0, 0.5, 0.4), (1, 0.25, 0.2), (1, 0.5, 0.4)]
 
 
@@ -298,6 +344,10 @@ def test_the_memory_measurement_is_skipped_without_cuda() -> None:
     from search.contract.dataset import load_digits
     from search.run.gpu_memory import measure_peak
 
-    config = largest_config(parse_spec(base_spec(Path("."), trainable="torch_cnn", space={
-        "batch_size": {"choice": [32, 256]}})).space, {"channels": 8})
+    config = largest_config(
+        parse_spec(
+            base_spec(Path("."), trainable="torch_cnn", space={"batch_size": {"choice": [32, 256]}})
+        ).space,
+        {"channels": 8},
+    )
     assert measure_peak("torch_cnn", config, load_digits(0.2, 0), {}) is None

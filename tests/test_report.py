@@ -34,14 +34,17 @@ MAX_EPOCHS = 9
 @pytest.fixture(scope="module")
 def ran(ray_local: None, tmp_path_factory: pytest.TempPathFactory) -> tuple:
     tmp = tmp_path_factory.mktemp("report")
-    spec = parse_spec(base_spec(
-        tmp, study="fates",
-        budget={"trials": 10, "max_epochs": MAX_EPOCHS},
-        asha={"grace_period": 1, "reduction_factor": 3},
-        sampler={"name": "random", "seed": 1},
-        resources={"max_concurrent": 2},
-        space={"x": {"uniform": [0.0, 1.0]}, "lr": {"choice": [0.1, 0.5, 2.0]}},
-    ))
+    spec = parse_spec(
+        base_spec(
+            tmp,
+            study="fates",
+            budget={"trials": 10, "max_epochs": MAX_EPOCHS},
+            asha={"grace_period": 1, "reduction_factor": 3},
+            sampler={"name": "random", "seed": 1},
+            resources={"max_concurrent": 2},
+            space={"x": {"uniform": [0.0, 1.0]}, "lr": {"choice": [0.1, 0.5, 2.0]}},
+        )
+    )
     err = io.StringIO()
     with contextlib.redirect_stderr(err):  # the progress console writes to sys.stderr
         run_study(spec, RunOptions(results_dir=tmp / "results"))
@@ -78,7 +81,10 @@ def test_summary_counts_and_what_asha_saved(ran: tuple) -> None:
     summary = summarize(study)
     states = [t.state.name for t in study.trials]
     assert (summary.complete, summary.pruned, summary.failed) == (
-        states.count("COMPLETE"), states.count("PRUNED"), states.count("FAIL"))
+        states.count("COMPLETE"),
+        states.count("PRUNED"),
+        states.count("FAIL"),
+    )
     assert summary.epochs_spent == sum(len(t.intermediate_values) for t in study.trials)
     pruned = [t for t in study.trials if t.state.name == "PRUNED"]
     assert summary.epochs_saved == sum(MAX_EPOCHS - len(t.intermediate_values) for t in pruned)
@@ -123,13 +129,21 @@ def test_progress_prints_a_line_per_trial_and_the_rungs(ran: tuple) -> None:
 
 def test_progress_live_block_on_a_terminal_and_pickling(ran: tuple) -> None:
     spec, study, _, _ = ran
-    bridge = OptunaBridge(study, spec.space, spec.fixed, metric="val_accuracy", mode="max",
-                          max_epochs=MAX_EPOCHS)
+    bridge = OptunaBridge(
+        study, spec.space, spec.fixed, metric="val_accuracy", mode="max", max_epochs=MAX_EPOCHS
+    )
     out = io.StringIO()
     console = Console(file=out, force_terminal=True, width=100)
-    callback = ProgressCallback(bridge, "val_accuracy", "max", 10, console,
-                                milestones=asha_milestones(1, 3, MAX_EPOCHS),
-                                max_epochs=MAX_EPOCHS, time_limit_s=60)
+    callback = ProgressCallback(
+        bridge,
+        "val_accuracy",
+        "max",
+        10,
+        console,
+        milestones=asha_milestones(1, 3, MAX_EPOCHS),
+        max_epochs=MAX_EPOCHS,
+        time_limit_s=60,
+    )
     callback.setup()
     assert callback._live is not None  # a terminal gets the live block
     clone = pickle.loads(pickle.dumps(callback))  # Ray pickles callbacks with the experiment

@@ -53,7 +53,8 @@ def test_recover_settles_every_open_trial_and_applies_a_decided_fate(tmp_path: P
     decided = study.ask()  # its driver died between writing the fate and telling it
     decided.report(0.7, 3)
     study._storage.set_trial_system_attr(
-        decided._trial_id, FATE, fate_record(TrialState.COMPLETE, [0.7], {"epochs": 3}))
+        decided._trial_id, FATE, fate_record(TrialState.COMPLETE, [0.7], {"epochs": 3})
+    )
     done = study.ask()
     done.report(0.5, 1)
     study.tell(done, 0.5)
@@ -61,8 +62,12 @@ def test_recover_settles_every_open_trial_and_applies_a_decided_fate(tmp_path: P
 
     recovery = recover(study)
     trials = study.trials
-    assert [t.state for t in trials] == [TrialState.FAIL, TrialState.COMPLETE,
-                                         TrialState.COMPLETE, TrialState.FAIL]
+    assert [t.state for t in trials] == [
+        TrialState.FAIL,
+        TrialState.COMPLETE,
+        TrialState.COMPLETE,
+        TrialState.FAIL,
+    ]
     assert trials[0].user_attrs["fail_reason"] == INTERRUPTED
     assert trials[1].value == 0.7 and trials[1].user_attrs == {"epochs": 3}
     assert recovery.interrupted == (0, 3) and recovery.completed == (1,)
@@ -146,8 +151,14 @@ def test_an_interrupted_grid_point_is_run_again_and_no_visited_one_twice(tmp_pat
     from search.spec.schema import parse_spec
     from search.spec.space import sample
 
-    spec = parse_spec(base_spec(tmp_path, sampler={"name": "grid", "seed": 0},
-                                space={"x": {"choice": [1, 2, 3]}}, budget={"trials": 3}))
+    spec = parse_spec(
+        base_spec(
+            tmp_path,
+            sampler={"name": "grid", "seed": 0},
+            space={"x": {"choice": [1, 2, 3]}},
+            budget={"trials": 3},
+        )
+    )
     study = optuna.create_study(sampler=build_sampler(spec))
     seen = []
     for fate in (TrialState.COMPLETE, TrialState.FAIL, TrialState.COMPLETE):
@@ -167,16 +178,23 @@ def _out(proc: subprocess.Popen, timeout: float = 300) -> str:
 
 @pytest.mark.slow
 def test_one_driver_per_study_and_a_resume_that_checks_the_spec(tmp_path: Path) -> None:
-    data = base_spec(tmp_path, study="owned", budget={"trials": 3, "max_epochs": 3},
-                     fixed={"sleep": 0.5}, asha={"enabled": False})
+    data = base_spec(
+        tmp_path,
+        study="owned",
+        budget={"trials": 3, "max_epochs": 3},
+        fixed={"sleep": 0.5},
+        asha={"enabled": False},
+    )
     spec = write_spec(tmp_path / "s.yaml", data)
     first = _run(spec)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:  # until the first driver holds the study
         time.sleep(0.2)
         try:
-            if "driver" in optuna.load_study(study_name="owned",
-                                             storage=data["storage"]).user_attrs:
+            if (
+                "driver"
+                in optuna.load_study(study_name="owned", storage=data["storage"]).user_attrs
+            ):
                 break
         except KeyError:
             continue
@@ -194,13 +212,19 @@ def test_one_driver_per_study_and_a_resume_that_checks_the_spec(tmp_path: Path) 
     assert len(study.trials) == 4
     assert study.user_attrs["spec_history"][-1]["changed"]["budget"][1]["trials"] == 4
 
-    changed = write_spec(tmp_path / "s.yaml", {**data, "objective": {"metric": "val_loss",
-                                                                    "mode": "min"}})
+    changed = write_spec(
+        tmp_path / "s.yaml", {**data, "objective": {"metric": "val_loss", "mode": "min"}}
+    )
     refused = _run(changed)
     out = _out(refused)
     assert refused.returncode == 2, out
-    assert out.strip().splitlines()[-1].startswith(
-        f"error: {changed}: objective: was {{'metric': 'val_accuracy', 'mode': 'max'}}, now")
+    assert (
+        out.strip()
+        .splitlines()[-1]
+        .startswith(
+            f"error: {changed}: objective: was {{'metric': 'val_accuracy', 'mode': 'max'}}, now"
+        )
+    )
     assert "--restart" in out
     study = optuna.load_study(study_name="owned", storage=data["storage"])
     assert study.user_attrs["spec"]["objective"]["metric"] == "val_accuracy"  # untouched
@@ -208,11 +232,13 @@ def test_one_driver_per_study_and_a_resume_that_checks_the_spec(tmp_path: Path) 
 
 @pytest.mark.slow
 def test_a_resumed_run_continues_the_sampler_instead_of_replaying_it(tmp_path: Path) -> None:
-    data = base_spec(tmp_path, study="cont", budget={"trials": 3, "max_epochs": 1},
-                     asha={"enabled": False})
+    data = base_spec(
+        tmp_path, study="cont", budget={"trials": 3, "max_epochs": 1}, asha={"enabled": False}
+    )
     spec = write_spec(tmp_path / "s.yaml", data)
     assert _run(spec).wait(timeout=300) == 0
     assert _run(spec, "--trials", "6").wait(timeout=300) == 0
-    xs = [t.params["x"] for t in optuna.load_study(study_name="cont",
-                                                   storage=data["storage"]).trials]
+    xs = [
+        t.params["x"] for t in optuna.load_study(study_name="cont", storage=data["storage"]).trials
+    ]
     assert len(xs) == 6 and len(set(xs)) == 6, xs

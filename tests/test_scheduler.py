@@ -11,15 +11,24 @@ from search.spec.derive import asha_milestones, ray_milestones
 
 
 def _asha(reduction_factor: float, max_t: int = 9) -> PruneReportingASHA:
-    return PruneReportingASHA(lambda _: None, time_attr="training_iteration", metric="acc",
-                              mode="max", max_t=max_t, grace_period=1,
-                              reduction_factor=reduction_factor)
+    return PruneReportingASHA(
+        lambda _: None,
+        time_attr="training_iteration",
+        metric="acc",
+        mode="max",
+        max_t=max_t,
+        grace_period=1,
+        reduction_factor=reduction_factor,
+    )
 
 
-@pytest.mark.parametrize(("rf", "epochs"), [
-    (3, {1: 0.1, 3: 0.3, 9: 0.9}),
-    (2.5, {1: 0.1, 2.5: 0.3, 6.25: 0.7}),  # Ray records rung 2.5 at epoch 3, 6.25 at epoch 7
-])
+@pytest.mark.parametrize(
+    ("rf", "epochs"),
+    [
+        (3, {1: 0.1, 3: 0.3, 9: 0.9}),
+        (2.5, {1: 0.1, 2.5: 0.3, 6.25: 0.7}),  # Ray records rung 2.5 at epoch 3, 6.25 at epoch 7
+    ],
+)
 def test_rungs_are_refilled_at_the_epoch_ray_records_them(rf: float, epochs: dict) -> None:
     asha = _asha(rf)
     curve = {e: e / 10 for e in range(1, 10)}

@@ -35,8 +35,11 @@ def test_exploding_rnn_trials_fail_at_the_epoch_the_loss_turned_nan(
             "storage": f"sqlite:///{tmp_path}/o.db",
             "sampler.name": "grid",
             "asha.enabled": False,
-            "space": {"lr": {"choice": [30.0]}, "clip_norm": {"choice": [0.0, 1.0]},
-                      "cell": {"choice": ["gru", "lstm"]}},
+            "space": {
+                "lr": {"choice": [30.0]},
+                "clip_norm": {"choice": [0.0, 1.0]},
+                "cell": {"choice": ["gru", "lstm"]},
+            },
             "fixed": {"optimizer": "sgd", "batch_size": 64, "hidden": 32},
         },
     )

@@ -161,8 +161,11 @@ def train_to_end(
     handle: dict[str, Any] = {}
     history = ctx.extras.get("history")
     run_ctx = dataclasses.replace(
-        ctx, extras={**ctx.extras, "model_out": handle},
-        checkpoint_dir=None, restore_dir=None, start_epoch=1,
+        ctx,
+        extras={**ctx.extras, "model_out": handle},
+        checkpoint_dir=None,
+        restore_dir=None,
+        start_epoch=1,
     )
     last: Metrics = {}
     epochs = 0

@@ -21,16 +21,33 @@ if TYPE_CHECKING:
     from search.handover.confirm import ConfirmRun
     from search.spec.schema import StudySpec
 
-PACKAGES = ("search", "ray", "optuna", "numpy", "pandas", "scikit-learn", "torch", "torchvision",
-            "tensorflow", "keras", "onnx", "onnxruntime", "onnxscript", "safetensors",
-            "matplotlib", "plotly", "pydantic")
+PACKAGES = (
+    "search",
+    "ray",
+    "optuna",
+    "numpy",
+    "pandas",
+    "scikit-learn",
+    "torch",
+    "torchvision",
+    "tensorflow",
+    "keras",
+    "onnx",
+    "onnxruntime",
+    "onnxscript",
+    "safetensors",
+    "matplotlib",
+    "plotly",
+    "pydantic",
+)
 
 
 def _git(*args: str) -> str:
     root = Path(__file__).resolve().parents[1]
     try:
-        done = subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True,
-                              timeout=10, check=False)
+        done = subprocess.run(
+            ["git", "-C", str(root), *args], capture_output=True, text=True, timeout=10, check=False
+        )
     except (OSError, subprocess.TimeoutExpired):
         return ""
     return done.stdout.strip() if done.returncode == 0 else ""
@@ -49,8 +66,9 @@ def _cpu() -> str:
 def _gpus() -> str:
     if shutil.which("nvidia-smi"):
         try:
-            done = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True,
-                                  timeout=10, check=False)
+            done = subprocess.run(
+                ["nvidia-smi", "-L"], capture_output=True, text=True, timeout=10, check=False
+            )
             if done.returncode == 0 and done.stdout.strip():
                 return "; ".join(done.stdout.strip().splitlines())
         except (OSError, subprocess.TimeoutExpired):
@@ -60,11 +78,13 @@ def _gpus() -> str:
 
 def environment(trainable: str) -> str:
     """Python, packages, git commit, CPU and GPU: what the bundle was made with."""
-    lines = [f"python {sys.version.split()[0]} ({sys.executable})",
-             f"platform {platform.platform()}",
-             f"cpu {_cpu()} ({os.cpu_count()} logical cores)",
-             f"gpu {_gpus()}",
-             f"trainable {trainable}"]
+    lines = [
+        f"python {sys.version.split()[0]} ({sys.executable})",
+        f"platform {platform.platform()}",
+        f"cpu {_cpu()} ({os.cpu_count()} logical cores)",
+        f"gpu {_gpus()}",
+        f"trainable {trainable}",
+    ]
     commit = _git("rev-parse", "HEAD")
     if commit:
         dirty = " (with uncommitted changes)" if _git("status", "--porcelain") else ""
@@ -80,8 +100,13 @@ def environment(trainable: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def learning_curves(path: Path, runs: Sequence[ConfirmRun], chosen: int,
-                    history: Sequence[Mapping[str, float]], metric: str) -> Path:
+def learning_curves(
+    path: Path,
+    runs: Sequence[ConfirmRun],
+    chosen: int,
+    history: Sequence[Mapping[str, float]],
+    metric: str,
+) -> Path:
     """Left: the objective of every confirmation run (chosen config bold); right: the final
     model's losses and objective per epoch."""
     import matplotlib
@@ -96,11 +121,19 @@ def learning_curves(path: Path, runs: Sequence[ConfirmRun], chosen: int,
         for j, run in enumerate(r for r in runs if r.source_trial == source):
             ys = [row.get(metric, math.nan) for row in run.history]
             label = f"trial {source}" + (" (chosen)" if source == chosen else "")
-            left.plot(range(1, len(ys) + 1), ys, color=colors(i % 10),
-                      linewidth=2.2 if source == chosen else 1.0,
-                      alpha=0.9 if source == chosen else 0.6, label=label if j == 0 else None)
-    left.set(title=f"Confirmation runs: {metric} per epoch, one line a seed", xlabel="epoch",
-             ylabel=metric)
+            left.plot(
+                range(1, len(ys) + 1),
+                ys,
+                color=colors(i % 10),
+                linewidth=2.2 if source == chosen else 1.0,
+                alpha=0.9 if source == chosen else 0.6,
+                label=label if j == 0 else None,
+            )
+    left.set(
+        title=f"Confirmation runs: {metric} per epoch, one line a seed",
+        xlabel="epoch",
+        ylabel=metric,
+    )
     left.grid(alpha=0.3)
     if runs:
         left.legend(fontsize=8)
@@ -112,8 +145,9 @@ def learning_curves(path: Path, runs: Sequence[ConfirmRun], chosen: int,
     right.grid(alpha=0.3)
     if "loss" not in metric and history:
         twin = right.twinx()
-        twin.plot(epochs, [row.get(metric, math.nan) for row in history], color="green",
-                  label=metric)
+        twin.plot(
+            epochs, [row.get(metric, math.nan) for row in history], color="green", label=metric
+        )
         twin.set_ylabel(metric)
         twin.legend(loc="center right", fontsize=8)
     if history:
@@ -126,7 +160,7 @@ def learning_curves(path: Path, runs: Sequence[ConfirmRun], chosen: int,
 
 def _f(value: Any, digits: int = 4) -> str:
     if isinstance(value, float):
-        if value and abs(value) < 10 ** -digits:
+        if value and abs(value) < 10**-digits:
             return f"{value:.2e}"
         return f"{value:.{digits}f}" if math.isfinite(value) else str(value)
     return "-" if value is None else str(value)
@@ -155,8 +189,7 @@ def _inputs(out: Path, final: Mapping[str, float]) -> list[str]:
     return lines
 
 
-def model_card(study: optuna.Study, spec: StudySpec, metrics: Mapping[str, Any],
-               out: Path) -> str:
+def model_card(study: optuna.Study, spec: StudySpec, metrics: Mapping[str, Any], out: Path) -> str:
     """``MODEL_CARD.md``: what the model is, how it was chosen, how well it does, how to use it."""
 
     metric, mode = spec.objective.metric, spec.objective.mode
@@ -165,16 +198,23 @@ def model_card(study: optuna.Study, spec: StudySpec, metrics: Mapping[str, Any],
     rows = metrics["confirmation"]
     summary = summarize(study)
     seeds = metrics["seeds"]
-    table = [f"| source trial | search {metric} | " + " | ".join(f"seed {s}" for s in seeds)
-             + " | mean | std | min | max |",
-             "|---" * (len(seeds) + 6) + "|"]
+    table = [
+        f"| source trial | search {metric} | "
+        + " | ".join(f"seed {s}" for s in seeds)
+        + " | mean | std | min | max |",
+        "|---" * (len(seeds) + 6) + "|",
+    ]
     for row in rows:
         mark = " **(chosen)**" if row["source_trial"] == chosen["source_trial"] else ""
-        values = " | ".join(_f(row["values"][str(s)]) if row["values"][str(s)] is not None
-                            else "FAIL" for s in seeds)
-        table.append(f"| {row['source_trial']}{mark} | {_f(row['search_value'])} | {values} | "
-                     f"{_f(row['mean'])} | {_f(row['std'])} | {_f(row['min'])} | "
-                     f"{_f(row['max'])} |")
+        values = " | ".join(
+            _f(row["values"][str(s)]) if row["values"][str(s)] is not None else "FAIL"
+            for s in seeds
+        )
+        table.append(
+            f"| {row['source_trial']}{mark} | {_f(row['search_value'])} | {values} | "
+            f"{_f(row['mean'])} | {_f(row['std'])} | {_f(row['min'])} | "
+            f"{_f(row['max'])} |"
+        )
     params = "\n".join(f"| `{k}` | `{v}` |" for k, v in chosen["config"].items())
     search_rows = "\n".join(f"| {label} | {value} |" for label, value in summary.rows())
     final_rows = "\n".join(f"| {k} | {_f(v)} |" for k, v in final.items())
@@ -185,14 +225,14 @@ hyperparameter study `{spec.study}` ({summary.trials} trials), confirmed with
 {len(seeds)} fresh seeds and trained once more for {spec.budget.max_epochs} epochs.
 
 **Final model:** {metric} **{_f(final.get(metric))}** on the validation split
-({mode} is better); the config's confirmed mean is **{_f(rows[0]['mean'])} ± {_f(rows[0]['std'])}**
-(sample standard deviation over {len(seeds) - rows[0]['failed']} seeds).
+({mode} is better); the config's confirmed mean is **{_f(rows[0]["mean"])} ± {_f(rows[0]["std"])}**
+(sample standard deviation over {len(seeds) - rows[0]["failed"]} seeds).
 
 ## Files
 
-- `config.yaml`: the whole config as a spec (seed {chosen['seed']}, every knob of the
+- `config.yaml`: the whole config as a spec (seed {chosen["seed"]}, every knob of the
   trainable). `python -m search train config.yaml` trains it again without Ray and reaches
-  the {metric} above within {metrics['tolerance']} (exactly, on the same machine and threads);
+  the {metric} above within {metrics["tolerance"]} (exactly, on the same machine and threads);
   `python -m search run config.yaml` trains it as a one-trial study.
 {chr(10).join(_inputs(out, final))}
 - `metrics.json`: the confirmation table, the final metrics and the final run's curve.
@@ -200,21 +240,21 @@ hyperparameter study `{spec.study}` ({summary.trials} trials), confirmed with
 
 ## How it was chosen
 
-1. The search (`{spec.sampler.name}` sampler, ASHA {'on' if spec.asha.enabled else 'off'}):
+1. The search (`{spec.sampler.name}` sampler, ASHA {"on" if spec.asha.enabled else "off"}):
 
 | | |
 |---|---|
 {search_rows}
 
 2. The top {len(rows)} distinct COMPLETE configs were trained again at the full budget with the
-   seeds {', '.join(map(str, seeds))} (no search trial used them), as study
-   `{metrics['confirm_study']}` in the same storage. The config with the fewest failed runs
+   seeds {", ".join(map(str, seeds))} (no search trial used them), as study
+   `{metrics["confirm_study"]}` in the same storage. The config with the fewest failed runs
    and then the best mean won:
 
 {chr(10).join(table)}
 
-3. The winner (search trial {chosen['source_trial']}) was trained once more with the seed of
-   its median confirmation run ({chosen['seed']}) on the training split; the validation
+3. The winner (search trial {chosen["source_trial"]}) was trained once more with the seed of
+   its median confirmation run ({chosen["seed"]}) on the training split; the validation
    split stays held out, so the numbers below are measured on data the model never trained on.
 
 ![learning curves](learning_curves.png)
@@ -238,5 +278,5 @@ hyperparameter study `{spec.study}` ({summary.trials} trials), confirmed with
   mean over fresh seeds is the fairer number.
 - Data: `{spec.data.name}`, validation fraction {spec.data.val_fraction}, split seed
   {spec.data.split_seed}. The model has not been evaluated on any other data.
-- Export took {metrics['export_seconds']} s.
+- Export took {metrics["export_seconds"]} s.
 """

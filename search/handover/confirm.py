@@ -131,8 +131,10 @@ def stored_spec(study: optuna.Study, storage: str) -> StudySpec:
     """
     data = study.user_attrs.get("spec")
     if not isinstance(data, dict):
-        raise ExportError(f"study {study.study_name!r} has no spec (user attribute 'spec'); "
-                          "only studies made by 'python -m search run' can be exported")
+        raise ExportError(
+            f"study {study.study_name!r} has no spec (user attribute 'spec'); "
+            "only studies made by 'python -m search run' can be exported"
+        )
     return parse_spec({**data, "storage": storage}, f"study {study.study_name!r}: spec")
 
 
@@ -146,13 +148,17 @@ def candidates(study: optuna.Study, top_k: int) -> list[Candidate]:
     from optuna.trial import TrialState
 
     trials = study.get_trials(deepcopy=False)
-    done = [t for t in trials if t.state == TrialState.COMPLETE and t.value is not None
-            and math.isfinite(t.value)]
+    done = [
+        t
+        for t in trials
+        if t.state == TrialState.COMPLETE and t.value is not None and math.isfinite(t.value)
+    ]
     if not done:
         counts = {s: sum(t.state.name == s for t in trials) for s in ("PRUNED", "FAIL")}
         raise ExportError(
             f"study {study.study_name!r} has no COMPLETE trial to export ({len(trials)} trials: "
-            f"{counts['PRUNED']} pruned, {counts['FAIL']} failed); run more trials first")
+            f"{counts['PRUNED']} pruned, {counts['FAIL']} failed); run more trials first"
+        )
     sign = -1.0 if study.direction == StudyDirection.MAXIMIZE else 1.0
     done.sort(key=lambda t: (sign * float(t.value or 0.0), t.number))
     chosen: list[Candidate] = []
@@ -162,8 +168,14 @@ def candidates(study: optuna.Study, top_k: int) -> list[Candidate]:
         if key in seen:
             continue
         seen.add(key)
-        chosen.append(Candidate(trial.number, float(trial.value or 0.0), dict(trial.params),
-                                dict(trial.distributions)))
+        chosen.append(
+            Candidate(
+                trial.number,
+                float(trial.value or 0.0),
+                dict(trial.params),
+                dict(trial.distributions),
+            )
+        )
         if len(chosen) == top_k:
             break
     return chosen
@@ -190,8 +202,9 @@ def resolved_config(spec: StudySpec, params: Mapping[str, Any]) -> dict[str, Any
 # --- confirmation runs (Ray tasks) ------------------------------------------------------------
 
 
-def _confirm_task(spec_data: dict[str, Any], params: dict[str, Any], seed: int, number: int,
-                  data: Dataset) -> ConfirmRun:
+def _confirm_task(
+    spec_data: dict[str, Any], params: dict[str, Any], seed: int, number: int, data: Dataset
+) -> ConfirmRun:
     """Runs in a Ray worker: one candidate, one seed, every epoch of the budget."""
     import socket
 
@@ -199,44 +212,68 @@ def _confirm_task(spec_data: dict[str, Any], params: dict[str, Any], seed: int, 
 
     spec = parse_spec(spec_data)
     gpu_ids = ray.get_gpu_ids()
-    run = ConfirmRun(number, seed, device=f"cuda ({','.join(map(str, gpu_ids))})" if gpu_ids
-                     else "cpu", node=socket.gethostname())
+    run = ConfirmRun(
+        number,
+        seed,
+        device=f"cuda ({','.join(map(str, gpu_ids))})" if gpu_ids else "cpu",
+        node=socket.gethostname(),
+    )
     os.environ.setdefault("OMP_NUM_THREADS", str(max(1, int(spec.resources.cpus_per_trial or 1))))
     start = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="search-confirm-") as folder:
         try:
             run.history, run.fail_reason = train_once(
-                spec, params, data, seed=seed, folder=folder, number=number,
-                device="cuda" if gpu_ids else "cpu")
+                spec,
+                params,
+                data,
+                seed=seed,
+                folder=folder,
+                number=number,
+                device="cuda" if gpu_ids else "cpu",
+            )
         except Exception as exc:  # the run fails, the export goes on with the others
             run.fail_reason = f"{type(exc).__name__}: {one_line(str(exc))}"[:500]
     run.seconds = time.monotonic() - start
     return run
 
 
-def record_run(confirm: optuna.Study, run: ConfirmRun, candidate: Candidate, metric: str,
-               export_run: str) -> None:
+def record_run(
+    confirm: optuna.Study, run: ConfirmRun, candidate: Candidate, metric: str, export_run: str
+) -> None:
     """Adds ``run`` to the confirmation study: COMPLETE (last epoch's metric) or FAIL."""
     import optuna
     from optuna.trial import TrialState
 
-    curve = {epoch: row[metric] for epoch, row in enumerate(run.history, start=1)
-             if math.isfinite(row.get(metric, math.nan))}
+    curve = {
+        epoch: row[metric]
+        for epoch, row in enumerate(run.history, start=1)
+        if math.isfinite(row.get(metric, math.nan))
+    }
     value = run.value(metric)
     attrs: dict[str, Any] = {
-        "role": ROLE, "source_trial": candidate.number, "seed": run.seed,
-        "export_run": export_run, "epochs": len(run.history), "seconds": round(run.seconds, 3),
-        "device": run.device, "node": run.node,
+        "role": ROLE,
+        "source_trial": candidate.number,
+        "seed": run.seed,
+        "export_run": export_run,
+        "epochs": len(run.history),
+        "seconds": round(run.seconds, 3),
+        "device": run.device,
+        "node": run.node,
     }
     if run.fail_reason:
         attrs["fail_reason"] = run.fail_reason
     if run.history:
         attrs["final_metrics"] = {k: v for k, v in run.history[-1].items() if math.isfinite(v)}
-    confirm.add_trial(optuna.trial.create_trial(
-        state=TrialState.COMPLETE if value is not None else TrialState.FAIL,
-        value=value, params=candidate.params, distributions=candidate.distributions,
-        user_attrs=attrs, intermediate_values=curve,
-    ))
+    confirm.add_trial(
+        optuna.trial.create_trial(
+            state=TrialState.COMPLETE if value is not None else TrialState.FAIL,
+            value=value,
+            params=candidate.params,
+            distributions=candidate.distributions,
+            user_attrs=attrs,
+            intermediate_values=curve,
+        )
+    )
 
 
 def confirm_study(study: optuna.Study, storage: str) -> optuna.Study:
@@ -244,17 +281,25 @@ def confirm_study(study: optuna.Study, storage: str) -> optuna.Study:
     import optuna
 
     confirm = optuna.create_study(
-        study_name=study.study_name + CONFIRM_SUFFIX, storage=open_storage(storage),
-        direction=study.direction, load_if_exists=True,
+        study_name=study.study_name + CONFIRM_SUFFIX,
+        storage=open_storage(storage),
+        direction=study.direction,
+        load_if_exists=True,
     )
     confirm.set_user_attr("role", ROLE)
     confirm.set_user_attr("source_study", study.study_name)
     return confirm
 
 
-def run_confirmation(spec: StudySpec, cands: Sequence[Candidate], seeds: Sequence[int],
-                     confirm: optuna.Study, data: Dataset, address: str | None,
-                     log: Log) -> list[ConfirmRun]:
+def run_confirmation(
+    spec: StudySpec,
+    cands: Sequence[Candidate],
+    seeds: Sequence[int],
+    confirm: optuna.Study,
+    data: Dataset,
+    address: str | None,
+    log: Log,
+) -> list[ConfirmRun]:
     """Trains every candidate with every seed as Ray tasks; records each run as it ends."""
     import ray
 
@@ -262,7 +307,8 @@ def run_confirmation(spec: StudySpec, cands: Sequence[Candidate], seeds: Sequenc
     task = ray.remote(_confirm_task).options(
         num_cpus=spec.resources.cpus_per_trial or 1.0,
         num_gpus=float(spec.resources.gpus_per_trial or 0.0),
-        max_retries=spec.faults.max_failures, name="search-confirm",
+        max_retries=spec.faults.max_failures,
+        name="search-confirm",
     )
     data_ref = ray.put(data)
     spec_data = spec.to_dict() | {"storage": redact(spec.storage)}  # tasks never need it
@@ -285,27 +331,36 @@ def run_confirmation(spec: StudySpec, cands: Sequence[Candidate], seeds: Sequenc
         except Exception as exc:  # the worker died (out of memory, killed) or setup failed
             cause = getattr(exc, "cause", None) or exc
             last = (str(cause).strip().splitlines() or [""])[-1]
-            run = ConfirmRun(number, seed,
-                             fail_reason=f"{type(cause).__name__}: {one_line(last)[:300]}")
+            run = ConfirmRun(
+                number, seed, fail_reason=f"{type(cause).__name__}: {one_line(last)[:300]}"
+            )
         record_run(confirm, run, by_number[number], metric, export_run)
         runs.append(run)
         value = run.value(metric)
         shown = f"{metric}={value:.4f}" if value is not None else f"FAIL {run.fail_reason}"
-        log(f"confirm {len(runs):>2}/{total}: trial {number:>3} seed {seed} "
-            f"epochs {len(run.history):>3} {shown} ({run.seconds:.1f} s)")
+        log(
+            f"confirm {len(runs):>2}/{total}: trial {number:>3} seed {seed} "
+            f"epochs {len(run.history):>3} {shown} ({run.seconds:.1f} s)"
+        )
     return runs
 
 
-def confirmation_table(cands: Sequence[Candidate], seeds: Sequence[int],
-                       runs: Sequence[ConfirmRun], metric: str, mode: str) -> list[Row]:
+def confirmation_table(
+    cands: Sequence[Candidate],
+    seeds: Sequence[int],
+    runs: Sequence[ConfirmRun],
+    metric: str,
+    mode: str,
+) -> list[Row]:
     """One row per candidate, best first: fewest failed runs, then the best mean."""
     rows = []
     for c in cands:
         values = {r.seed: r.value(metric) for r in runs if r.source_trial == c.number}
         rows.append(Row(c.number, c.value, {s: values.get(s) for s in seeds}, c.params))
     sign = -1.0 if mode == "max" else 1.0
-    return sorted(rows, key=lambda r: (r.failed, sign * r.mean if r.ok else math.inf,
-                                       r.source_trial))
+    return sorted(
+        rows, key=lambda r: (r.failed, sign * r.mean if r.ok else math.inf, r.source_trial)
+    )
 
 
 def median_seed(row: Row) -> int:

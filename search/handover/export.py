@@ -96,9 +96,16 @@ class ExportResult:
     seconds: float
 
 
-def export_study(study_name: str, storage: str, out_dir: Path | None = None, top_k: int = 3,
-                 seeds: int = 3, address: str | None = None, results_dir: Path = Path("results"),
-                 log: Log = print) -> ExportResult:
+def export_study(
+    study_name: str,
+    storage: str,
+    out_dir: Path | None = None,
+    top_k: int = 3,
+    seeds: int = 3,
+    address: str | None = None,
+    results_dir: Path = Path("results"),
+    log: Log = print,
+) -> ExportResult:
     """The whole ``export`` command (module docstring); returns what it wrote and measured."""
     import optuna
 
@@ -114,43 +121,56 @@ def export_study(study_name: str, storage: str, out_dir: Path | None = None, top
     init_ray(address)
     spec = with_placement(spec)
     seed_list = confirmation_seeds(spec, seeds)
-    log(f"confirming {len(cands)} config(s) (trials {', '.join(str(c.number) for c in cands)}) "
-        f"with seeds {', '.join(map(str, seed_list))} at {spec.budget.max_epochs} epochs")
+    log(
+        f"confirming {len(cands)} config(s) (trials {', '.join(str(c.number) for c in cands)}) "
+        f"with seeds {', '.join(map(str, seed_list))} at {spec.budget.max_epochs} epochs"
+    )
     confirm = confirm_study(study, storage)
     data = load_data(spec.data)
     runs = run_confirmation(spec, cands, seed_list, confirm, data, address, log)
     rows = confirmation_table(cands, seed_list, runs, spec.objective.metric, spec.objective.mode)
     chosen = rows[0]
     if not chosen.ok:
-        raise ExportError(f"every confirmation run failed (see study "
-                          f"{confirm.study_name!r}: fail_reason)")
+        raise ExportError(
+            f"every confirmation run failed (see study {confirm.study_name!r}: fail_reason)"
+        )
     seed = median_seed(chosen)
     config = resolved_config(spec, chosen.params)
-    log(f"chose trial {chosen.source_trial}: {spec.objective.metric} mean {chosen.mean:.4f} "
-        f"± {chosen.std:.4f} over {len(chosen.ok)} seeds; final model with seed {seed}")
+    log(
+        f"chose trial {chosen.source_trial}: {spec.objective.metric} mean {chosen.mean:.4f} "
+        f"± {chosen.std:.4f} over {len(chosen.ok)} seeds; final model with seed {seed}"
+    )
     bundle = one_trial_spec(spec, config, seed, FINAL_SUFFIX, redact(spec.storage))
     parse_spec(bundle, "config.yaml")  # the bundle's spec must validate before it is written
     history: list[dict[str, float]] = []
     final = train_spec(parse_spec(bundle, "config.yaml"), out, log=None, history=history)
     metric = spec.objective.metric
     twin = chosen.values.get(seed)
-    log(f"final model {metric} {final.get(metric, math.nan):.4f} (its confirmation run with "
-        f"seed {seed}: {twin:.4f})")
-    header = (f"# exported from study {study_name!r}, trial {chosen.source_trial}, seed {seed}\n"
-              f"# confirmed {metric} {chosen.mean:.4f} ± {chosen.std:.4f} "
-              f"({len(chosen.ok)} seeds); this run: {final.get(metric, math.nan):.4f}\n"
-              f"# python -m search train config.yaml reproduces it within {TOLERANCE}\n")
+    log(
+        f"final model {metric} {final.get(metric, math.nan):.4f} (its confirmation run with "
+        f"seed {seed}: {twin:.4f})"
+    )
+    header = (
+        f"# exported from study {study_name!r}, trial {chosen.source_trial}, seed {seed}\n"
+        f"# confirmed {metric} {chosen.mean:.4f} ± {chosen.std:.4f} "
+        f"({len(chosen.ok)} seeds); this run: {final.get(metric, math.nan):.4f}\n"
+        f"# python -m search train config.yaml reproduces it within {TOLERANCE}\n"
+    )
     (out / "config.yaml").write_text(header + yaml.safe_dump(bundle, sort_keys=False))
     seconds = time.monotonic() - start
     result = ExportResult(out, rows, chosen, seed, final, seconds)
     metrics = {
-        "study": study_name, "trainable": spec.trainable,
+        "study": study_name,
+        "trainable": spec.trainable,
         "objective": {"metric": metric, "mode": spec.objective.mode},
-        "confirm_study": confirm.study_name, "seeds": seed_list,
+        "confirm_study": confirm.study_name,
+        "seeds": seed_list,
         "max_epochs": spec.budget.max_epochs,
         "chosen": {"source_trial": chosen.source_trial, "seed": seed, "config": config},
         "confirmation": [r.as_dict() for r in rows],
-        "final": final, "tolerance": TOLERANCE, "final_seed_confirmation_value": twin,
+        "final": final,
+        "tolerance": TOLERANCE,
+        "final_seed_confirmation_value": twin,
         "final_history": history,
         "export_seconds": round(seconds, 1),
     }
@@ -158,6 +178,8 @@ def export_study(study_name: str, storage: str, out_dir: Path | None = None, top
     (out / "environment.txt").write_text(card.environment(spec.trainable))
     card.learning_curves(out / "learning_curves.png", runs, chosen.source_trial, history, metric)
     (out / "MODEL_CARD.md").write_text(card.model_card(study, spec, metrics, out))
-    log(f"{metric} {final.get(metric, math.nan):.4f} (final model); bundle in {out}/ "
-        f"({', '.join(sorted(p.name for p in out.iterdir()))}) in {seconds:.0f} s")
+    log(
+        f"{metric} {final.get(metric, math.nan):.4f} (final model); bundle in {out}/ "
+        f"({', '.join(sorted(p.name for p in out.iterdir()))}) in {seconds:.0f} s"
+    )
     return result

@@ -47,17 +47,30 @@ def local_device(spec: StudySpec) -> str:
         return "cpu"
 
 
-def train_once(spec: StudySpec, config: Mapping[str, Any], data: Dataset, *, seed: int,
-               folder: str, number: int = 0, device: str = "cpu",
-               on_epoch: Callable[[Epoch], None] | None = None,
-               ) -> tuple[list[dict[str, float]], str | None]:
+def train_once(
+    spec: StudySpec,
+    config: Mapping[str, Any],
+    data: Dataset,
+    *,
+    seed: int,
+    folder: str,
+    number: int = 0,
+    device: str = "cpu",
+    on_epoch: Callable[[Epoch], None] | None = None,
+) -> tuple[list[dict[str, float]], str | None]:
     """Trains ``config`` to the spec's epoch budget in this process, profiling off.
 
     Returns:
         Each epoch's numeric metrics, and why the run failed (``None`` when it did not).
     """
-    ctx = trial_context(trial_job(spec, data), seed=seed, number=number, device=device,
-                        trial_dir=folder, extras={"profile": False})
+    ctx = trial_context(
+        trial_job(spec, data),
+        seed=seed,
+        number=number,
+        device=device,
+        trial_dir=folder,
+        extras={"profile": False},
+    )
     history: list[dict[str, float]] = []
     reason: str | None = None
     epochs = declarations(spec.trainable).train(config, data, ctx)
@@ -70,8 +83,12 @@ def train_once(spec: StudySpec, config: Mapping[str, Any], data: Dataset, *, see
     return history, reason or (None if history else "the trainable yielded no epoch")
 
 
-def train_spec(spec: StudySpec, out_dir: Path | None = None, log: Log | None = None,
-               history: list[dict[str, float]] | None = None) -> dict[str, float]:
+def train_spec(
+    spec: StudySpec,
+    out_dir: Path | None = None,
+    log: Log | None = None,
+    history: list[dict[str, float]] | None = None,
+) -> dict[str, float]:
     """Trains a spec of fixed parameters once, in this process (no Ray), seed ``sampler.seed``.
 
     With ``out_dir``, the trainable's export hook trains and saves the model there.
@@ -84,15 +101,24 @@ def train_spec(spec: StudySpec, out_dir: Path | None = None, log: Log | None = N
             trainable has no export hook, or training failed.
     """
     if spec.space:
-        raise ExportError(f"space: train takes a spec of fixed parameters (export's "
-                          f"config.yaml, best.yaml); this one searches {sorted(spec.space)}")
+        raise ExportError(
+            f"space: train takes a spec of fixed parameters (export's "
+            f"config.yaml, best.yaml); this one searches {sorted(spec.space)}"
+        )
     config, seed, data = dict(spec.fixed), spec.sampler.seed or 0, load_data(spec.data)
     history = [] if history is None else history
     with tempfile.TemporaryDirectory(prefix="search-train-") as folder:
         if out_dir is None:
             shown = (lambda e: log(epoch_line(e.number, e.metrics, spec))) if log else None
-            runs, reason = train_once(spec, config, data, seed=seed, folder=folder,
-                                      device=local_device(spec), on_epoch=shown)
+            runs, reason = train_once(
+                spec,
+                config,
+                data,
+                seed=seed,
+                folder=folder,
+                device=local_device(spec),
+                on_epoch=shown,
+            )
             history.extend(runs)
             final = dict(runs[-1]) if runs else {}
         else:
@@ -105,15 +131,26 @@ def train_spec(spec: StudySpec, out_dir: Path | None = None, log: Log | None = N
     return {k: float(v) for k, v in final.items()}
 
 
-def export_model(spec: StudySpec, config: Mapping[str, Any], data: Dataset, seed: int,
-                 folder: str, out_dir: Path, history: list[dict[str, float]],
-                 ) -> tuple[dict[str, float], str | None]:
+def export_model(
+    spec: StudySpec,
+    config: Mapping[str, Any],
+    data: Dataset,
+    seed: int,
+    folder: str,
+    out_dir: Path,
+    history: list[dict[str, float]],
+) -> tuple[dict[str, float], str | None]:
     """Trains through the export hook, which saves the model into ``out_dir``."""
     export = declarations(spec.trainable).export
     if export is None:
         raise ExportError(no_hook(spec.trainable))
-    ctx = trial_context(trial_job(spec, data), seed=seed, device=local_device(spec),
-                        trial_dir=folder, extras={"profile": False, "history": history})
+    ctx = trial_context(
+        trial_job(spec, data),
+        seed=seed,
+        device=local_device(spec),
+        trial_dir=folder,
+        extras={"profile": False, "history": history},
+    )
     final = export(config, data, ctx, out_dir)
     reason = nonfinite_reason(final, len(history)) if final else "no epoch trained"
     return final, reason
@@ -121,13 +158,16 @@ def export_model(spec: StudySpec, config: Mapping[str, Any], data: Dataset, seed
 
 def epoch_line(epoch: int, metrics: Mapping[str, float], spec: StudySpec) -> str:
     """``epoch   3 val_accuracy=0.9722 val_loss=0.0950 train_loss=0.1234``."""
-    keys = [spec.objective.metric] + [k for k in ("val_loss", "train_loss")
-                                      if k != spec.objective.metric]
+    keys = [spec.objective.metric] + [
+        k for k in ("val_loss", "train_loss") if k != spec.objective.metric
+    ]
     shown = " ".join(f"{k}={metrics[k]:.4f}" for k in keys if k in metrics)
     return f"epoch {epoch:>3} {shown}"
 
 
 def no_hook(trainable: str) -> str:
     """The one line for a trainable without an export hook."""
-    return (f"trainable {trainable!r} has no export hook: define export(config, data, ctx, "
-            "out_dir) next to its train function (see search/contract/registry.py)")
+    return (
+        f"trainable {trainable!r} has no export hook: define export(config, data, ctx, "
+        "out_dir) next to its train function (see search/contract/registry.py)"
+    )

@@ -75,8 +75,11 @@ class TrialRecord:
         if reason is None and self.errored:
             reason = "the trial raised an error"
         if reason is None and not self.curve:
-            reason = (f"ended before its first epoch ({self.interrupted})" if self.interrupted
-                      else "no epoch reported")
+            reason = (
+                f"ended before its first epoch ({self.interrupted})"
+                if self.interrupted
+                else "no epoch reported"
+            )
         if reason is not None:
             return TrialState.FAIL, None, str(reason)
         value = self.curve[self.epochs]

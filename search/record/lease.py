@@ -71,8 +71,14 @@ def _proc(pid: int | str) -> tuple[str, str]:
 def identity(run_id: str) -> dict[str, Any]:
     """This process as a lease holder."""
     pid, start = _proc("self")
-    return {"run": run_id, "host": socket.gethostname(), "boot": _boot_id(),
-            "pid": pid or str(os.getpid()), "start": start, "renewed": time.time()}
+    return {
+        "run": run_id,
+        "host": socket.gethostname(),
+        "boot": _boot_id(),
+        "pid": pid or str(os.getpid()),
+        "start": start,
+        "renewed": time.time(),
+    }
 
 
 def held(lease: dict[str, Any] | None, now: float | None = None) -> bool:
@@ -91,14 +97,18 @@ def holder_gone(lease: dict[str, Any]) -> bool:
     if lease["boot"] != _boot_id():
         return True
     return bool(lease.get("start")) and _proc(lease.get("pid", "")) != (
-        str(lease.get("pid")), lease["start"])
+        str(lease.get("pid")),
+        lease["start"],
+    )
 
 
 def describe(lease: dict[str, Any]) -> str:
     """``run 3f2a... on host h (pid 12), renewed 4 s ago``."""
     age = max(0.0, time.time() - float(lease.get("renewed", 0)))
-    return (f"run {lease.get('run')} on host {lease.get('host')} (pid {lease.get('pid')}), "
-            f"renewed {age:.0f} s ago")
+    return (
+        f"run {lease.get('run')} on host {lease.get('host')} (pid {lease.get('pid')}), "
+        f"renewed {age:.0f} s ago"
+    )
 
 
 class StudyLease:
@@ -134,14 +144,17 @@ class StudyLease:
             if not (takeover or self._gone(previous)):
                 raise StudyBusyError(
                     f"study {self._name!r} is being run by {describe(previous)}; wait for it "
-                    "to finish, stop it, or pass --takeover if that driver is dead")
+                    "to finish, stop it, or pass --takeover if that driver is dead"
+                )
             _log.warning("taking study %r over from %s", self._name, describe(previous))
         self._write()
         time.sleep(SETTLE_S)
         now = self.current() or {}
         if now.get("run") != self.run_id:
-            raise StudyBusyError(f"study {self._name!r} was just taken by {describe(now)}; "
-                                 "one driver runs a study at a time")
+            raise StudyBusyError(
+                f"study {self._name!r} was just taken by {describe(now)}; "
+                "one driver runs a study at a time"
+            )
         self._thread = threading.Thread(target=self._renew, name="search-lease", daemon=True)
         self._thread.start()
         return previous
@@ -163,8 +176,9 @@ class StudyLease:
             self._write(released=time.time())
 
     def _write(self, **extra: Any) -> None:
-        self._storage.set_study_user_attr(self._study_id, LEASE_ATTR,
-                                          {**identity(self.run_id), **extra})
+        self._storage.set_study_user_attr(
+            self._study_id, LEASE_ATTR, {**identity(self.run_id), **extra}
+        )
 
     def _renew(self) -> None:
         while not self._stop.wait(RENEW_S):

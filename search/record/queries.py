@@ -59,8 +59,7 @@ def best_trial(study: optuna.Study) -> optuna.trial.FrozenTrial | None:
 def best_spec(spec: StudySpec, trial: optuna.trial.FrozenTrial) -> dict[str, Any]:
     """The spec that trains ``trial``'s config again, exactly (same seed)."""
     seed = (spec.sampler.seed or 0) + trial.number
-    return one_trial_spec(spec, {**spec.fixed, **trial.params}, seed, "-best",
-                          redact(spec.storage))
+    return one_trial_spec(spec, {**spec.fixed, **trial.params}, seed, "-best", redact(spec.storage))
 
 
 def write_results(study: optuna.Study, spec: StudySpec, results_dir: Path) -> Path:

@@ -28,8 +28,9 @@ FATE = "search:fate"
 """Trial system attribute: ``{"state", "values", "attrs"}``, the fate decided for it."""
 
 
-def fate_record(state: TrialState, values: list[float] | None,
-                attrs: Mapping[str, Any]) -> dict[str, Any]:
+def fate_record(
+    state: TrialState, values: list[float] | None, attrs: Mapping[str, Any]
+) -> dict[str, Any]:
     """What the bridge writes as :data:`FATE` before it tells the study."""
     return {"state": state.name, "values": values, "attrs": dict(attrs)}
 

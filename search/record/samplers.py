@@ -35,7 +35,8 @@ class _Grid(optuna.samplers.GridSampler):
         visited, running = set(), set()
         for t in study._storage.get_all_trials(study._study_id, deepcopy=False):
             if "grid_id" not in t.system_attrs or not self._same_search_space(
-                    t.system_attrs["search_space"]):
+                t.system_attrs["search_space"]
+            ):
                 continue
             if t.state.is_finished() and t.user_attrs.get("fail_reason") != INTERRUPTED:
                 visited.add(t.system_attrs["grid_id"])

@@ -72,8 +72,9 @@ def _check_resumable(summary: optuna.study.StudySummary, spec: StudySpec, source
     if change is None and summary.direction.name.lower()[:3] != spec.objective.mode:
         change = f"objective.mode: was {summary.direction.name.lower()}, now {spec.objective.mode}"
     if change is not None:
-        raise SpecMismatchError(f"{source}: {change}: study {spec.study!r} was run with another "
-                                f"spec; {how}")
+        raise SpecMismatchError(
+            f"{source}: {change}: study {spec.study!r} was run with another spec; {how}"
+        )
 
 
 def record_spec(study: optuna.Study, spec: StudySpec) -> None:
@@ -84,8 +85,7 @@ def record_spec(study: optuna.Study, spec: StudySpec) -> None:
     if isinstance(old, dict) and old != new:
         changed = {k: [old.get(k), v] for k, v in new.items() if old.get(k) != v}
         history = list(study.user_attrs.get("spec_history", []))
-        history.append({"at": datetime.now(UTC).isoformat(timespec="seconds"),
-                        "changed": changed})
+        history.append({"at": datetime.now(UTC).isoformat(timespec="seconds"), "changed": changed})
         study.set_user_attr("spec_history", history)
     study.set_user_attr("spec", new)
 

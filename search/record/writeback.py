@@ -94,8 +94,9 @@ class WriteBehindStorage(BaseStorage):
 
     def _start(self) -> None:
         if self._thread is None:
-            self._thread = threading.Thread(target=self._drain, name="search-writeback",
-                                            daemon=True)
+            self._thread = threading.Thread(
+                target=self._drain, name="search-writeback", daemon=True
+            )
             self._thread.start()
 
     def _drain(self) -> None:
@@ -152,8 +153,7 @@ class WriteBehindStorage(BaseStorage):
         if self._errors:
             first = self._errors[0]
             raise RuntimeError(
-                f"{len(self._errors)} study write(s) failed; first: {type(first).__name__}: "
-                f"{first}"
+                f"{len(self._errors)} study write(s) failed; first: {type(first).__name__}: {first}"
             ) from first
 
     # ---- the overlay: reads see the queued writes ------------------------------------------
@@ -164,8 +164,9 @@ class WriteBehindStorage(BaseStorage):
         with self._lock:
             return {trial_id: list(ops) for trial_id, ops in self._pending.items()}
 
-    def _overlay(self, trial: FrozenTrial,
-                 pending: dict[int, list[tuple[int, str, tuple[Any, ...]]]]) -> FrozenTrial:
+    def _overlay(
+        self, trial: FrozenTrial, pending: dict[int, list[tuple[int, str, tuple[Any, ...]]]]
+    ) -> FrozenTrial:
         ops = pending.get(trial._trial_id)
         if not ops:
             return trial
@@ -209,8 +210,10 @@ class WriteBehindStorage(BaseStorage):
         self.flush()
         failed = self._failed_writes(trial_id)
         if failed:
-            raise RuntimeError(f"trial {trial_id}: {failed} earlier write(s) failed; its state "
-                               f"is not written: {self._errors[-1]}") from self._errors[-1]
+            raise RuntimeError(
+                f"trial {trial_id}: {failed} earlier write(s) failed; its state "
+                f"is not written: {self._errors[-1]}"
+            ) from self._errors[-1]
         with self._lock:
             self._own.pop(trial_id, None)
         return self.inner.set_trial_state_values(trial_id, state, values)
@@ -267,8 +270,10 @@ class WriteBehindStorage(BaseStorage):
         with self._lock:
             local = self._own.get(trial_id)
             if local is not None:
-                local.params = {**local.params,
-                                param_name: distribution.to_external_repr(param_value_internal)}
+                local.params = {
+                    **local.params,
+                    param_name: distribution.to_external_repr(param_value_internal),
+                }
                 local.distributions = {**local.distributions, param_name: distribution}
 
     def get_trial_id_from_study_id_trial_number(self, study_id: int, trial_number: int) -> int:
@@ -297,8 +302,10 @@ class WriteBehindStorage(BaseStorage):
         pending = self._snapshot()
         if not pending:
             return self.inner.get_all_trials(study_id, deepcopy=deepcopy, states=states)
-        trials = [self._overlay(t, pending)
-                  for t in self.inner.get_all_trials(study_id, deepcopy=deepcopy)]
+        trials = [
+            self._overlay(t, pending)
+            for t in self.inner.get_all_trials(study_id, deepcopy=deepcopy)
+        ]
         return trials if states is None else [t for t in trials if t.state in states]
 
     def remove_session(self) -> None:

@@ -42,8 +42,16 @@ STATE_STYLE = {
     "FAIL": {"color": "rgba(214, 39, 40, 0.85)", "dash": "dash", "width": 1.5},
 }
 LABEL = {"COMPLETE": "complete", "PRUNED": "pruned", "FAIL": "failed"}
-COMPLETE_COLORS = ("#1f77b4", "#2ca02c", "#9467bd", "#17becf", "#8c564b", "#e377c2",
-                   "#bcbd22", "#ff7f0e")
+COMPLETE_COLORS = (
+    "#1f77b4",
+    "#2ca02c",
+    "#9467bd",
+    "#17becf",
+    "#8c564b",
+    "#e377c2",
+    "#bcbd22",
+    "#ff7f0e",
+)
 """Colors of COMPLETE curves: no red (failed) and no grey (pruned)."""
 
 
@@ -59,8 +67,11 @@ def milestones(study: optuna.Study) -> list[int]:
     asha, budget = spec.get("asha", {}), spec.get("budget", {})
     if not asha.get("enabled", False) or not budget.get("max_epochs"):
         return []
-    return asha_milestones(float(asha.get("grace_period", 1)),
-                           float(asha.get("reduction_factor", 3)), int(budget["max_epochs"]))
+    return asha_milestones(
+        float(asha.get("grace_period", 1)),
+        float(asha.get("reduction_factor", 3)),
+        int(budget["max_epochs"]),
+    )
 
 
 def learning_curves(study: optuna.Study) -> go.Figure:
@@ -78,31 +89,60 @@ def learning_curves(study: optuna.Study) -> go.Figure:
         if state == "COMPLETE":
             style["color"] = COMPLETE_COLORS[complete % len(COMPLETE_COLORS)]
             complete += 1
-        trace.update(name=f"#{number} {LABEL.get(state, state.lower())}", legendgroup=state,
-                     showlegend=False,
-                     line=dict(style),
-                     marker={"symbol": "x" if state == "PRUNED" else "circle",
-                             "size": 8 if state == "PRUNED" else 5,
-                             **({"color": style["color"]} if "color" in style else {})})
+        trace.update(
+            name=f"#{number} {LABEL.get(state, state.lower())}",
+            legendgroup=state,
+            showlegend=False,
+            line=dict(style),
+            marker={
+                "symbol": "x" if state == "PRUNED" else "circle",
+                "size": 8 if state == "PRUNED" else 5,
+                **({"color": style["color"]} if "color" in style else {}),
+            },
+        )
     for t in trials.values():
         if t.state.name == "FAIL" and t.intermediate_values:
             steps = sorted(t.intermediate_values)
-            fig.add_trace(go.Scatter(
-                x=steps, y=[t.intermediate_values[s] for s in steps], mode="lines+markers",
-                name=f"#{t.number} failed", legendgroup="FAIL", showlegend=False,
-                line=STATE_STYLE["FAIL"], marker={"symbol": "x", "size": 6}))
+            fig.add_trace(
+                go.Scatter(
+                    x=steps,
+                    y=[t.intermediate_values[s] for s in steps],
+                    mode="lines+markers",
+                    name=f"#{t.number} failed",
+                    legendgroup="FAIL",
+                    showlegend=False,
+                    line=STATE_STYLE["FAIL"],
+                    marker={"symbol": "x", "size": 6},
+                )
+            )
     shown = {t.state.name for t in trials.values() if t.intermediate_values}
     for state in ("COMPLETE", "PRUNED", "FAIL"):  # one legend entry per state, not per trial
         if state in shown:
-            fig.add_trace(go.Scatter(
-                x=[None], y=[None], mode="lines", name=LABEL[state], legendgroup=state,
-                line={"color": COMPLETE_COLORS[0], **STATE_STYLE[state]}))
+            fig.add_trace(
+                go.Scatter(
+                    x=[None],
+                    y=[None],
+                    mode="lines",
+                    name=LABEL[state],
+                    legendgroup=state,
+                    line={"color": COMPLETE_COLORS[0], **STATE_STYLE[state]},
+                )
+            )
     for m in milestones(study):
-        fig.add_vline(x=m, line_dash="dot", line_color="rgba(0,0,0,0.25)",
-                      annotation_text=f"rung {m}", annotation_position="top")
+        fig.add_vline(
+            x=m,
+            line_dash="dot",
+            line_color="rgba(0,0,0,0.25)",
+            annotation_text=f"rung {m}",
+            annotation_position="top",
+        )
     metric = spec_of(study).get("objective", {}).get("metric", "value")
-    fig.update_layout(xaxis_title="epoch", yaxis_title=metric, showlegend=True,
-                      title="Learning curves: complete solid, pruned grey dotted, failed red")
+    fig.update_layout(
+        xaxis_title="epoch",
+        yaxis_title=metric,
+        showlegend=True,
+        title="Learning curves: complete solid, pruned grey dotted, failed red",
+    )
     return fig
 
 
@@ -136,8 +176,7 @@ def slice_rows(study: optuna.Study) -> list[go.Figure]:
     figures = [plot_slice(study, params=row) for row in rows] if rows else [plot_slice(study)]
     for figure, row in zip(figures, rows or [[]], strict=False):
         full = len(row) == SLICES_PER_ROW  # a short last row keeps optuna's panel width
-        figure.update_layout(width=None if full else 300 * max(1, len(row)) + 200,
-                             autosize=full)
+        figure.update_layout(width=None if full else 300 * max(1, len(row)) + 200, autosize=full)
     return figures
 
 
@@ -168,16 +207,26 @@ def _png_learning_curves(study: optuna.Study) -> Any:
     for t in study.get_trials(deepcopy=False):
         if t.state.name == "FAIL" and t.intermediate_values:
             steps = sorted(t.intermediate_values)
-            ax.plot(steps, [t.intermediate_values[s] for s in steps], color="#d62728",
-                    linestyle="--", marker="x", label=f"#{t.number} failed")
+            ax.plot(
+                steps,
+                [t.intermediate_values[s] for s in steps],
+                color="#d62728",
+                linestyle="--",
+                marker="x",
+                label=f"#{t.number} failed",
+            )
     for m in milestones(study):
         ax.axvline(m, color="black", alpha=0.2, linestyle=":")
     ax.set_xlabel("epoch")
     ax.set_ylabel(spec_of(study).get("objective", {}).get("metric", "value"))
     ax.set_title("Learning curves: complete solid, pruned grey dotted, failed red")
     if len(ax.get_lines()) > 1:
-        ax.legend(bbox_to_anchor=(1.02, 1), loc="upper left", fontsize=7, ncol=1 + len(
-            ax.get_lines()) // 30)
+        ax.legend(
+            bbox_to_anchor=(1.02, 1),
+            loc="upper left",
+            fontsize=7,
+            ncol=1 + len(ax.get_lines()) // 30,
+        )
     return ax
 
 

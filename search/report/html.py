@@ -53,19 +53,34 @@ class Summary:
 
     def rows(self) -> list[tuple[str, str]]:
         """The summary as ``(label, value)`` rows."""
-        best = (f"{self.best_value:.4f} (trial {self.best_trial})"
-                if self.best_value is not None else "none (no COMPLETE trial)")
+        best = (
+            f"{self.best_value:.4f} (trial {self.best_trial})"
+            if self.best_value is not None
+            else "none (no COMPLETE trial)"
+        )
         rows = [
             ("trials", f"{self.trials}"),
-            ("complete / pruned / failed", f"{self.complete} / {self.pruned} / {self.failed}"
-             + (f" ({self.other} other)" if self.other else "")),
+            (
+                "complete / pruned / failed",
+                f"{self.complete} / {self.pruned} / {self.failed}"
+                + (f" ({self.other} other)" if self.other else ""),
+            ),
             ("best value", best),
-            ("compute spent", f"{self.epochs_spent} epochs, {self.seconds_spent:.1f} s of trial "
-                              f"time ({self.wall_seconds:.1f} s wall)"),
-            ("every trial to the end", f"{self.epochs_spent + self.epochs_saved} epochs "
-                                       f"(budget: {self.max_epochs} epochs a trial)"),
-            ("ASHA saved", f"{self.epochs_saved} epochs ({100 * self.saved_share:.0f} %), "
-                           f"≈ {self.seconds_saved:.1f} s at each pruned trial's own pace"),
+            (
+                "compute spent",
+                f"{self.epochs_spent} epochs, {self.seconds_spent:.1f} s of trial "
+                f"time ({self.wall_seconds:.1f} s wall)",
+            ),
+            (
+                "every trial to the end",
+                f"{self.epochs_spent + self.epochs_saved} epochs "
+                f"(budget: {self.max_epochs} epochs a trial)",
+            ),
+            (
+                "ASHA saved",
+                f"{self.epochs_saved} epochs ({100 * self.saved_share:.0f} %), "
+                f"≈ {self.seconds_saved:.1f} s at each pruned trial's own pace",
+            ),
         ]
         return rows
 
@@ -103,13 +118,21 @@ def summarize(study: optuna.Study) -> Summary:
     best = study.best_trial if complete else None
     counted = ("COMPLETE", "PRUNED", "FAIL")
     return Summary(
-        trials=len(trials), complete=states.count("COMPLETE"), pruned=states.count("PRUNED"),
-        failed=states.count("FAIL"), other=sum(s not in counted for s in states),
-        max_epochs=max_epochs, epochs_spent=sum(_epochs(t) for t in trials),
-        seconds_spent=sum(_seconds(t) for t in trials), epochs_saved=saved_epochs,
-        seconds_saved=saved_seconds, wall_seconds=wall,
-        best_value=best.value if best else None, best_trial=best.number if best else None,
+        trials=len(trials),
+        complete=states.count("COMPLETE"),
+        pruned=states.count("PRUNED"),
+        failed=states.count("FAIL"),
+        other=sum(s not in counted for s in states),
+        max_epochs=max_epochs,
+        epochs_spent=sum(_epochs(t) for t in trials),
+        seconds_spent=sum(_seconds(t) for t in trials),
+        epochs_saved=saved_epochs,
+        seconds_saved=saved_seconds,
+        wall_seconds=wall,
+        best_value=best.value if best else None,
+        best_trial=best.number if best else None,
     )
+
 
 # --- the page --------------------------------------------------------------------------------
 
@@ -130,7 +153,8 @@ def _table(rows: Sequence[tuple[str, ...]], header: tuple[str, ...] = ()) -> str
     cells = "".join(f"<th>{html.escape(h)}</th>" for h in header)
     head = f"<tr>{cells}</tr>" if header else ""
     body = "".join(
-        "<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in row) + "</tr>" for row in rows)
+        "<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in row) + "</tr>" for row in rows
+    )
     return f"<table>{head}{body}</table>"
 
 
@@ -159,30 +183,39 @@ def confirmation_rows(confirm: optuna.Study) -> list[tuple[str, ...]]:
         std = statistics.stdev(ok) if len(ok) > 1 else 0.0
         seeds = ", ".join(
             f"{t.user_attrs.get('seed')}: {_fmt(t.value) if t.value is not None else 'FAIL'}"
-            for t in sorted(group, key=lambda t: int(t.user_attrs.get("seed", 0))))
+            for t in sorted(group, key=lambda t: int(t.user_attrs.get("seed", 0)))
+        )
         rows.append((str(number), f"{mean:.4f}", f"{std:.4f}", str(len(group) - len(ok)), seeds))
     return sorted(rows, key=lambda r: -float(r[1]) if r[1] != "nan" else math.inf)
 
 
-def render(study: optuna.Study, figures: dict[str, Any],
-           confirm: optuna.Study | None = None) -> str:
+def render(
+    study: optuna.Study, figures: dict[str, Any], confirm: optuna.Study | None = None
+) -> str:
     """The whole page; plotly.js is embedded in the first figure, the others reuse it."""
     summary = summarize(study)
     spec = spec_of(study)
-    parts = [f"<h1>Study {html.escape(study.study_name)}</h1>",
-             f"<p class='muted'>trainable {html.escape(str(spec.get('trainable', '?')))}, "
-             f"objective {html.escape(str(spec.get('objective', {})))}; generated "
-             f"{datetime.now().strftime('%Y-%m-%d %H:%M')}</p>",
-             "<h2>Summary</h2>", _table(summary.rows())]
+    parts = [
+        f"<h1>Study {html.escape(study.study_name)}</h1>",
+        f"<p class='muted'>trainable {html.escape(str(spec.get('trainable', '?')))}, "
+        f"objective {html.escape(str(spec.get('objective', {})))}; generated "
+        f"{datetime.now().strftime('%Y-%m-%d %H:%M')}</p>",
+        "<h2>Summary</h2>",
+        _table(summary.rows()),
+    ]
     if summary.best_trial is not None:
         best = study.best_trial
-        parts += [f"<h2>Best trial #{best.number}</h2>",
-                  _table([(k, _fmt(v)) for k, v in best.params.items()], ("parameter", "value"))]
+        parts += [
+            f"<h2>Best trial #{best.number}</h2>",
+            _table([(k, _fmt(v)) for k, v in best.params.items()], ("parameter", "value")),
+        ]
     if confirm is not None:
         rows = confirmation_rows(confirm)
         if rows:
-            parts += [f"<h2>Confirmation ({html.escape(confirm.study_name)})</h2>",
-                      _table(rows, ("source trial", "mean", "std", "failed", "seed: value"))]
+            parts += [
+                f"<h2>Confirmation ({html.escape(confirm.study_name)})</h2>",
+                _table(rows, ("source trial", "mean", "std", "failed", "seed: value")),
+            ]
     embedded = False
     for name, title in FIGURES:
         parts.append(f"<h2>{html.escape(title)}</h2>")
@@ -192,18 +225,27 @@ def render(study: optuna.Study, figures: dict[str, Any],
             continue
         for i, figure in enumerate(drawn if isinstance(drawn, list) else [drawn]):
             figure.update_layout(height=520 if name != "slice" else 400, margin={"t": 60})
-            parts.append("<div class='fig'>" + figure.to_html(
-                full_html=False, include_plotlyjs=not embedded,
-                div_id=name if i == 0 else f"{name}-{i + 1}",
-                config={"displaylogo": False}) + "</div>")
+            parts.append(
+                "<div class='fig'>"
+                + figure.to_html(
+                    full_html=False,
+                    include_plotlyjs=not embedded,
+                    div_id=name if i == 0 else f"{name}-{i + 1}",
+                    config={"displaylogo": False},
+                )
+                + "</div>"
+            )
             embedded = True
-    return ("<!DOCTYPE html><html><head><meta charset='utf-8'>"
-            f"<title>{html.escape(study.study_name)}: search report</title>"
-            f"<style>{_CSS}</style></head><body>" + "\n".join(parts) + "</body></html>")
+    return (
+        "<!DOCTYPE html><html><head><meta charset='utf-8'>"
+        f"<title>{html.escape(study.study_name)}: search report</title>"
+        f"<style>{_CSS}</style></head><body>" + "\n".join(parts) + "</body></html>"
+    )
 
 
-def write_report(study: optuna.Study, results_dir: Path = Path("results"),
-                 confirm: optuna.Study | None = None) -> Path:
+def write_report(
+    study: optuna.Study, results_dir: Path = Path("results"), confirm: optuna.Study | None = None
+) -> Path:
     """Writes ``results_dir/<study>/report.html`` and ``figures/*.png``; returns the HTML path."""
     folder = Path(results_dir) / study.study_name
     folder.mkdir(parents=True, exist_ok=True)
@@ -222,6 +264,9 @@ def report_study(study_name: str, storage: str, results_dir: Path = Path("result
     study = load_study(study_name, storage)
     names = {s.study_name for s in optuna.get_all_study_summaries(open_storage(storage))}
     confirm_name = study_name + CONFIRM_SUFFIX
-    confirm = (optuna.load_study(study_name=confirm_name, storage=open_storage(storage))
-               if confirm_name in names else None)
+    confirm = (
+        optuna.load_study(study_name=confirm_name, storage=open_storage(storage))
+        if confirm_name in names
+        else None
+    )
     return write_report(study, results_dir, confirm)

@@ -76,8 +76,9 @@ class OptunaBridge(Searcher):
     def suggest(self, trial_id: str) -> dict[str, Any] | None:
         # The trial is born WAITING with this run's id in the same commit, then ``ask`` takes
         # it: no trial is ever RUNNING without the id of the run that owns it.
-        self._study.add_trial(optuna.trial.create_trial(
-            state=TrialState.WAITING, user_attrs={"driver": self._driver}))
+        self._study.add_trial(
+            optuna.trial.create_trial(state=TrialState.WAITING, user_attrs={"driver": self._driver})
+        )
         trial = self._study.ask()
         params = sample(trial, self._space)
         trial.set_user_attr("ray_trial_id", trial_id)
@@ -151,8 +152,9 @@ class OptunaBridge(Searcher):
         # The fate in one write first: a driver killed before ``tell`` lands loses nothing,
         # the next run applies it (search/record/resume.py).
         stored = [value] if value is not None and state != TrialState.FAIL else None
-        self._study._storage.set_trial_system_attr(trial._trial_id, FATE,
-                                                   fate_record(state, stored, attrs))
+        self._study._storage.set_trial_system_attr(
+            trial._trial_id, FATE, fate_record(state, stored, attrs)
+        )
         for key, attr in attrs.items():
             trial.set_user_attr(key, attr)
         self._study.tell(trial, values, state=state)

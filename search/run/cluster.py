@@ -28,8 +28,7 @@ NUM_GPUS_ENV = "SEARCH_NUM_GPUS"
 placement tests use 4 logical GPUs on a CPU machine); unset: what the machine has."""
 
 
-def init_ray(address: str | None, num_cpus: int | None = None,
-             num_gpus: int | None = None) -> None:
+def init_ray(address: str | None, num_cpus: int | None = None, num_gpus: int | None = None) -> None:
     """Starts a local Ray (or joins ``address``) unless this process already has one.
 
     ``num_cpus`` and ``num_gpus`` (else ``$SEARCH_NUM_CPUS`` and ``$SEARCH_NUM_GPUS``) set the

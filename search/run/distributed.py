@@ -68,8 +68,9 @@ class WorkerLost(RuntimeError):
     """A training process of the trial died without saying why (killed, crashed)."""
 
 
-def data_parallel(trainable: str, params: Mapping[str, Any], data: Dataset,
-                  ctx: TrialContext, workers: int) -> Iterator[Metrics]:
+def data_parallel(
+    trainable: str, params: Mapping[str, Any], data: Dataset, ctx: TrialContext, workers: int
+) -> Iterator[Metrics]:
     """Trains one trial with ``workers`` processes; yields rank 0's metrics once per epoch.
 
     Closing the generator (ASHA stopped the trial) kills the processes.
@@ -84,15 +85,21 @@ def data_parallel(trainable: str, params: Mapping[str, Any], data: Dataset,
         for rank in range(workers):
             ours, theirs = socket.socketpair()
             child_env = {**env, FD_ENV: str(theirs.fileno())}
-            procs.append(subprocess.Popen(
-                [sys.executable, "-m", "search.run.distributed"], env=child_env,
-                pass_fds=(theirs.fileno(),), stdin=subprocess.DEVNULL))
+            procs.append(
+                subprocess.Popen(
+                    [sys.executable, "-m", "search.run.distributed"],
+                    env=child_env,
+                    pass_fds=(theirs.fileno(),),
+                    stdin=subprocess.DEVNULL,
+                )
+            )
             theirs.close()
             conns.append(Connection(ours.detach()))
             rank_ctx = replace(
-                ctx, extras={**extras, DDP_RANK: rank,
-                             **({} if rank == 0 else {"profile": False})},
-                checkpoint_dir=ctx.checkpoint_dir if rank == 0 else None)
+                ctx,
+                extras={**extras, DDP_RANK: rank, **({} if rank == 0 else {"profile": False})},
+                checkpoint_dir=ctx.checkpoint_dir if rank == 0 else None,
+            )
             conns[rank].send((trainable, dict(params), data, rank_ctx))
         done: set[int] = set()
         while len(done) < workers:
@@ -138,8 +145,12 @@ def _worker(conn: Connection) -> None:
         cuda = ctx.device.startswith("cuda")
         if cuda:
             torch.cuda.set_device(rank)
-        dist.init_process_group("nccl" if cuda else "gloo", init_method=ctx.extras[DDP_STORE],
-                                rank=rank, world_size=world)
+        dist.init_process_group(
+            "nccl" if cuda else "gloo",
+            init_method=ctx.extras[DDP_STORE],
+            rank=rank,
+            world_size=world,
+        )
         try:
             for metrics in declarations(trainable).train(params, data, ctx):
                 if rank == 0:

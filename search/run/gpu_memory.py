@@ -40,8 +40,13 @@ MEASURE_TIMEOUT_S = 600.0
 OOM_RETRIES = 2
 """Tune retries a packed trial at least this often (each retry doubles its GPU share)."""
 
-_OOM_MARKERS = ("OutOfMemoryError", "CUDA out of memory", "RESOURCE_EXHAUSTED",
-                "OOM when allocating", "out of memory")
+_OOM_MARKERS = (
+    "OutOfMemoryError",
+    "CUDA out of memory",
+    "RESOURCE_EXHAUSTED",
+    "OOM when allocating",
+    "out of memory",
+)
 
 
 # ---- the largest config and its measurement (needs CUDA) ---------------------------------
@@ -86,8 +91,13 @@ def largest_config(space: Mapping[str, Param], fixed: Mapping[str, Any]) -> dict
     return {**fixed, **params}
 
 
-def measure_peak(trainable: str, config: Mapping[str, Any], data: Dataset,
-                 extras: Mapping[str, Any], steps: int = MEASURE_STEPS) -> Measurement | None:
+def measure_peak(
+    trainable: str,
+    config: Mapping[str, Any],
+    data: Dataset,
+    extras: Mapping[str, Any],
+    steps: int = MEASURE_STEPS,
+) -> Measurement | None:
     """Peak GPU memory of ``steps`` training steps of ``config`` (runs where a GPU is).
 
     Returns None without CUDA, or when the trainable allocates nothing through PyTorch (a
@@ -100,8 +110,9 @@ def measure_peak(trainable: str, config: Mapping[str, Any], data: Dataset,
     if not torch.cuda.is_available():
         return None
     job = TrialJob(trainable, max_epochs=1, extras=extras)
-    ctx = trial_context(job, seed=0, device="cuda",
-                        extras={MAX_STEPS: steps, GPU_MEMORY_FRACTION: None})
+    ctx = trial_context(
+        job, seed=0, device="cuda", extras={MAX_STEPS: steps, GPU_MEMORY_FRACTION: None}
+    )
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats()
     with closing(drive(declarations(trainable).train(config, data, ctx), max_epochs=1)) as run:
@@ -125,15 +136,19 @@ def measure(spec: StudySpec, data: Dataset, extras: Mapping[str, Any]) -> Measur
     # max_calls=1: the worker exits after the task, and its CUDA context with it
     task = ray.remote(num_gpus=1, num_cpus=1, max_retries=0, max_calls=1)(measure_peak)
     try:
-        return ray.get(task.remote(spec.trainable, config, data, dict(extras)),
-                       timeout=MEASURE_TIMEOUT_S)
+        return ray.get(
+            task.remote(spec.trainable, config, data, dict(extras)), timeout=MEASURE_TIMEOUT_S
+        )
     except Exception as exc:  # a failed measurement must not fail the study
-        _log.warning("gpus_per_trial auto: measuring the largest config failed (%s); "
-                     "one trial per GPU", str(exc).splitlines()[0] if str(exc) else exc)
+        _log.warning(
+            "gpus_per_trial auto: measuring the largest config failed (%s); one trial per GPU",
+            str(exc).splitlines()[0] if str(exc) else exc,
+        )
         return None
 
 
 # ---- retry with a larger share when a packed trial runs out of memory ------------------
+
 
 def out_of_memory(text: str) -> bool:
     """Whether an error's text says the GPU ran out of memory (PyTorch or TensorFlow)."""
@@ -156,8 +171,9 @@ class OomRetry(Callback):
     share, which the worker turns into a larger memory cap (:func:`share_extras`).
     """
 
-    def on_trial_recover(self, iteration: int, trials: list[Trial], trial: Trial,
-                         **info: Any) -> None:
+    def on_trial_recover(
+        self, iteration: int, trials: list[Trial], trial: Trial, **info: Any
+    ) -> None:
         if not out_of_memory(_last_error(trial)):
             return
         factory = trial.placement_group_factory
@@ -167,5 +183,9 @@ class OomRetry(Callback):
             return
         bigger = grow_share(share)
         trial.update_resources({"cpu": float(required.get("CPU", 1.0)), "gpu": bigger})
-        _log.warning("trial %s ran out of GPU memory at %.4g of a GPU; retrying with %.4g",
-                     trial.trial_id, share, bigger)
+        _log.warning(
+            "trial %s ran out of GPU memory at %.4g of a GPU; retrying with %.4g",
+            trial.trial_id,
+            share,
+            bigger,
+        )

@@ -38,8 +38,9 @@ class TrialJob:
     extras: Mapping[str, Any] = field(default_factory=dict)
 
 
-def trial_extras(spec: StudySpec, data: Dataset,
-                 placement: Placement | None = None) -> dict[str, Any]:
+def trial_extras(
+    spec: StudySpec, data: Dataset, placement: Placement | None = None
+) -> dict[str, Any]:
     """Spec-level options every trial may read through ``TrialContext.extras``.
 
     With ``placement``: ``gpu_memory_fraction`` (the cap on the trial's GPU allocator, or
@@ -61,17 +62,35 @@ def trial_job(spec: StudySpec, data: Dataset, placement: Placement | None = None
     threads (a run outside Ray Tune: confirmation, ``train``)."""
     if placement is None:
         threads = max(1, int(spec.resources.cpus_per_trial or 1))
-        return TrialJob(spec.trainable, spec.budget.max_epochs, spec.objective.metric, threads,
-                        checkpoints=False, extras=trial_extras(spec, data))
-    return TrialJob(spec.trainable, spec.budget.max_epochs, spec.objective.metric,
-                    placement.num_threads,
-                    checkpoints=spec.faults.checkpoints, workers=placement.workers,
-                    extras=trial_extras(spec, data, placement))
+        return TrialJob(
+            spec.trainable,
+            spec.budget.max_epochs,
+            spec.objective.metric,
+            threads,
+            checkpoints=False,
+            extras=trial_extras(spec, data),
+        )
+    return TrialJob(
+        spec.trainable,
+        spec.budget.max_epochs,
+        spec.objective.metric,
+        placement.num_threads,
+        checkpoints=spec.faults.checkpoints,
+        workers=placement.workers,
+        extras=trial_extras(spec, data, placement),
+    )
 
 
-def trial_context(job: TrialJob, *, seed: int, number: int = 0, device: str = "cpu",
-                  trial_dir: str = ".", extras: Mapping[str, Any] | None = None,
-                  **fields: Any) -> TrialContext:
+def trial_context(
+    job: TrialJob,
+    *,
+    seed: int,
+    number: int = 0,
+    device: str = "cpu",
+    trial_dir: str = ".",
+    extras: Mapping[str, Any] | None = None,
+    **fields: Any,
+) -> TrialContext:
     """The context a trial of ``job`` gets; ``extras`` are merged over the job's, and
     ``fields`` (``checkpoint_dir``, ``restore_dir``, ``start_epoch``, ``max_epochs``) are
     passed to :class:`TrialContext` as they are.
@@ -82,8 +101,12 @@ def trial_context(job: TrialJob, *, seed: int, number: int = 0, device: str = "c
         (5, 3, 'cpu', {'x': 1})
     """
     return TrialContext(
-        max_epochs=fields.pop("max_epochs", job.max_epochs), seed=seed,
-        num_threads=job.num_threads, device="cuda" if device.startswith("cuda") else "cpu",
-        trial_number=number, trial_dir=trial_dir,
-        extras={**job.extras, **(extras or {})}, **fields,
+        max_epochs=fields.pop("max_epochs", job.max_epochs),
+        seed=seed,
+        num_threads=job.num_threads,
+        device="cuda" if device.startswith("cuda") else "cpu",
+        trial_number=number,
+        trial_dir=trial_dir,
+        extras={**job.extras, **(extras or {})},
+        **fields,
     )

@@ -81,8 +81,9 @@ class Packing:
     memory_fraction: float | None
 
 
-def memory_fraction(share: float, total_bytes: int | None = None,
-                    context_bytes: int = CUDA_CONTEXT_BYTES) -> float | None:
+def memory_fraction(
+    share: float, total_bytes: int | None = None, context_bytes: int = CUDA_CONTEXT_BYTES
+) -> float | None:
     """The allocator cap of a process that holds ``share`` of a GPU, or None for a whole GPU.
 
     The CUDA context lives outside the allocator, so it comes off the share: its size when the
@@ -100,9 +101,13 @@ def memory_fraction(share: float, total_bytes: int | None = None,
     return _floor4(max(share - reserve, share / 2))
 
 
-def pack(peak_bytes: int, total_bytes: int, headroom: float = 0.25,
-         context_bytes: int = CUDA_CONTEXT_BYTES,
-         max_per_gpu: int = MAX_TRIALS_PER_GPU) -> Packing:
+def pack(
+    peak_bytes: int,
+    total_bytes: int,
+    headroom: float = 0.25,
+    context_bytes: int = CUDA_CONTEXT_BYTES,
+    max_per_gpu: int = MAX_TRIALS_PER_GPU,
+) -> Packing:
     """How many trials fit on one GPU, and each one's share and memory cap.
 
     Each trial needs its measured peak, ``headroom`` of that again (batches of other configs,
@@ -126,8 +131,10 @@ def pack(peak_bytes: int, total_bytes: int, headroom: float = 0.25,
         Packing(trials_per_gpu=1, gpu_share=1.0, memory_fraction=None)
     """
     if total_bytes <= 0 or peak_bytes < 0 or headroom < 0:
-        raise ValueError(f"pack: need total > 0, peak >= 0, headroom >= 0; got "
-                         f"{total_bytes}, {peak_bytes}, {headroom}")
+        raise ValueError(
+            f"pack: need total > 0, peak >= 0, headroom >= 0; got "
+            f"{total_bytes}, {peak_bytes}, {headroom}"
+        )
     need = peak_bytes * (1.0 + headroom) + context_bytes
     trials = max(1, min(int(max_per_gpu), int(total_bytes // need)))
     if trials == 1:
@@ -197,13 +204,20 @@ class Placement:
 
     def extras(self) -> dict[str, Any]:
         """The trial extras (``ctx.extras``) that carry the GPU share, memory cap, replicas."""
-        return {GPU_SHARE: self.gpus_per_trial or None, GPU_MEMORY_FRACTION: self.memory_fraction,
-                GPU_TOTAL_BYTES: self.total_gpu_bytes, REPLICAS: self.replicas}
+        return {
+            GPU_SHARE: self.gpus_per_trial or None,
+            GPU_MEMORY_FRACTION: self.memory_fraction,
+            GPU_TOTAL_BYTES: self.total_gpu_bytes,
+            REPLICAS: self.replicas,
+        }
 
 
-def resolve(resources: ResourcesSpec, cluster: Mapping[str, float],
-            measured: Measurement | None = None,
-            data_parallel: ParallelMode | bool = PROCESSES) -> Placement:
+def resolve(
+    resources: ResourcesSpec,
+    cluster: Mapping[str, float],
+    measured: Measurement | None = None,
+    data_parallel: ParallelMode | bool = PROCESSES,
+) -> Placement:
     """The placement of every trial, from the spec's ``resources`` and the cluster's totals.
 
     Args:
@@ -225,31 +239,52 @@ def resolve(resources: ResourcesSpec, cluster: Mapping[str, float],
         cpt = resources.cpus_per_trial or (cpus / limit if limit else 1.0)
         concurrency = limit or max(1, math.floor(cpus / cpt + 1e-9))
         threads = max(1, math.floor(cpt + 1e-9))
-        return Placement(_floor4(cpt), 0.0, concurrency, threads, note=(
-            f"gpus_per_trial auto: no GPU in the cluster; {concurrency} trial(s) at once on "
-            f"{cpus:g} CPUs, {threads} thread(s) each"))
+        return Placement(
+            _floor4(cpt),
+            0.0,
+            concurrency,
+            threads,
+            note=(
+                f"gpus_per_trial auto: no GPU in the cluster; {concurrency} trial(s) at once on "
+                f"{cpus:g} CPUs, {threads} thread(s) each"
+            ),
+        )
     if wanted == "auto":
         cap = limit or max(1, math.floor(cpus / (resources.cpus_per_trial or 1.0) + 1e-9))
         per_gpu_cap = max(1, min(MAX_TRIALS_PER_GPU, math.ceil(cap / gpus)))
         if measured is None:
             packing, why = Packing(1, 1.0, None), "not measured (a PyTorch trainable is needed)"
         else:
-            packing = pack(measured.peak_bytes, measured.total_bytes, resources.memory_headroom,
-                           max_per_gpu=per_gpu_cap)
-            why = (f"largest config peaks at {measured.peak_bytes / 2**20:.0f} MiB of "
-                   f"{measured.total_bytes / 2**30:.0f} GiB")
+            packing = pack(
+                measured.peak_bytes,
+                measured.total_bytes,
+                resources.memory_headroom,
+                max_per_gpu=per_gpu_cap,
+            )
+            why = (
+                f"largest config peaks at {measured.peak_bytes / 2**20:.0f} MiB of "
+                f"{measured.total_bytes / 2**30:.0f} GiB"
+            )
         concurrency = max(1, min(cap, packing.trials_per_gpu * math.floor(gpus)))
         cpt = resources.cpus_per_trial or max(1.0, math.floor(cpus / concurrency))
         return Placement(
-            _floor4(cpt), packing.gpu_share, concurrency, max(1, math.floor(cpt + 1e-9)),
-            memory_fraction=packing.memory_fraction, packing=packing,
+            _floor4(cpt),
+            packing.gpu_share,
+            concurrency,
+            max(1, math.floor(cpt + 1e-9)),
+            memory_fraction=packing.memory_fraction,
+            packing=packing,
             total_gpu_bytes=measured.total_bytes if measured else None,
-            note=(f"gpus_per_trial auto: {why}; {packing.trials_per_gpu} trial(s) per GPU on "
-                  f"{gpus:g} GPU(s), {concurrency} at once"))
+            note=(
+                f"gpus_per_trial auto: {why}; {packing.trials_per_gpu} trial(s) per GPU on "
+                f"{gpus:g} GPU(s), {concurrency} at once"
+            ),
+        )
     if wanted > 0 and gpus <= 0:
         raise PlacementError(
             f"resources.gpus_per_trial: {wanted:g} GPU(s) per trial, but the Ray cluster has no "
-            "GPU; use 0 or auto")
+            "GPU; use 0 or auto"
+        )
     devices = resources.workers_per_trial or (int(wanted) if wanted >= 2 else 1)
     workers, replicas = _split_devices(devices, data_parallel, bool(resources.workers_per_trial))
     cpt = resources.cpus_per_trial or float(devices if devices > 1 else 1)
@@ -257,8 +292,15 @@ def resolve(resources: ResourcesSpec, cluster: Mapping[str, float],
     by_gpu = math.floor(gpus / wanted + 1e-9) if wanted > 0 else by_cpu
     concurrency = limit or max(1, min(by_cpu, by_gpu))
     fraction = memory_fraction(wanted) if 0 < wanted < 1 else None
-    return Placement(cpt, wanted, concurrency, max(1, math.floor(cpt / workers + 1e-9)),
-                     workers=workers, replicas=replicas, memory_fraction=fraction)
+    return Placement(
+        cpt,
+        wanted,
+        concurrency,
+        max(1, math.floor(cpt / workers + 1e-9)),
+        workers=workers,
+        replicas=replicas,
+        memory_fraction=fraction,
+    )
 
 
 def _split_devices(devices: int, mode: ParallelMode | bool, asked: bool) -> tuple[int, int]:
@@ -272,5 +314,6 @@ def _split_devices(devices: int, mode: ParallelMode | bool, asked: bool) -> tupl
     if asked:
         raise PlacementError(
             f"resources.workers_per_trial: the trainable does not train data-parallel "
-            f"(no DATA_PARALLEL in its module), got {devices}")
+            f"(no DATA_PARALLEL in its module), got {devices}"
+        )
     return 1, 1  # one process holds all the trial's GPUs and uses what it can

@@ -109,8 +109,10 @@ class ProgressCallback(Callback):
 
     def rung_text(self) -> str:
         """``rungs ≥1:6 ≥3:3 ≥9:1 end(27):1`` (empty without milestones or a budget)."""
-        parts = [f"{f'end({m})' if m == self._max_epochs else f'≥{m}'}:{n}"
-                 for m, n in self.rung_counts()]
+        parts = [
+            f"{f'end({m})' if m == self._max_epochs else f'≥{m}'}:{n}"
+            for m, n in self.rung_counts()
+        ]
         return ("rungs " + " ".join(parts)) if parts else ""
 
     def estimate_left(self) -> float | None:
@@ -127,17 +129,22 @@ class ProgressCallback(Callback):
     def status(self) -> Text:
         """The live block: counts; best and rungs; elapsed and what is left (three lines)."""
         s = self._states
-        best = (f"{self._best:.4f} (trial {self._best_number})" if self._best is not None
-                else "-")
+        best = f"{self._best:.4f} (trial {self._best_number})" if self._best is not None else "-"
         left = self.estimate_left()
         counts = Text.assemble(
-            (f"{len(self._running)}", "bold"), " running  ",
-            (f"{self._done}/{self._total}", "bold"), " finished: ",
-            (f"{s['COMPLETE']} complete", "green"), ", ", (f"{s['PRUNED']} pruned", "yellow"),
-            ", ", (f"{s['FAIL']} failed", "red"),
+            (f"{len(self._running)}", "bold"),
+            " running  ",
+            (f"{self._done}/{self._total}", "bold"),
+            " finished: ",
+            (f"{s['COMPLETE']} complete", "green"),
+            ", ",
+            (f"{s['PRUNED']} pruned", "yellow"),
+            ", ",
+            (f"{s['FAIL']} failed", "red"),
         )
         rungs = Text.assemble(
-            f"best {self._metric} {best}   ", (self.rung_text() or "no ASHA rungs", "cyan"))
+            f"best {self._metric} {best}   ", (self.rung_text() or "no ASHA rungs", "cyan")
+        )
         eta = "estimating what is left" if left is None else f"~{duration(left)} left"
         clock = Text(f"elapsed {duration(time.monotonic() - self._start)}   {eta}", style="dim")
         return Text("\n").join([counts, rungs, clock])
@@ -147,31 +154,46 @@ class ProgressCallback(Callback):
 
     # --- Tune's hooks -----------------------------------------------------------------------
 
-    def setup(self, stop: Any = None, num_samples: int | None = None,
-              total_num_samples: int | None = None, **info: Any) -> None:
+    def setup(
+        self,
+        stop: Any = None,
+        num_samples: int | None = None,
+        total_num_samples: int | None = None,
+        **info: Any,
+    ) -> None:
         self._start = time.monotonic()
         if self._want_live and self._live is None:
-            self._live = Live(self, console=self._console, refresh_per_second=4,
-                              transient=True, redirect_stdout=False, redirect_stderr=False)
+            self._live = Live(
+                self,
+                console=self._console,
+                refresh_per_second=4,
+                transient=True,
+                redirect_stdout=False,
+                redirect_stderr=False,
+            )
             self._live.start()
 
-    def on_trial_start(self, iteration: int, trials: list[Trial], trial: Trial,
-                       **info: Any) -> None:
+    def on_trial_start(
+        self, iteration: int, trials: list[Trial], trial: Trial, **info: Any
+    ) -> None:
         self._running.add(trial.trial_id)
 
-    def on_trial_result(self, iteration: int, trials: list[Trial], trial: Trial,
-                        result: dict[str, Any], **info: Any) -> None:
+    def on_trial_result(
+        self, iteration: int, trials: list[Trial], trial: Trial, result: dict[str, Any], **info: Any
+    ) -> None:
         epoch = result.get(EPOCH)
         if isinstance(epoch, int | float):
             self._epochs[trial.trial_id] = max(int(epoch), self._epochs.get(trial.trial_id, 0))
         self._running.add(trial.trial_id)
 
-    def on_trial_complete(self, iteration: int, trials: list[Trial], trial: Trial,
-                          **info: Any) -> None:
+    def on_trial_complete(
+        self, iteration: int, trials: list[Trial], trial: Trial, **info: Any
+    ) -> None:
         self._line(trial)
 
-    def on_trial_error(self, iteration: int, trials: list[Trial], trial: Trial,
-                       **info: Any) -> None:
+    def on_trial_error(
+        self, iteration: int, trials: list[Trial], trial: Trial, **info: Any
+    ) -> None:
         self._line(trial)
 
     def on_experiment_end(self, trials: list[Trial], **info: Any) -> None:

@@ -82,7 +82,8 @@ def place(spec: StudySpec, data: Dataset) -> Placement:
     if res.gpus_per_trial == "auto" and cluster.get("GPU", 0) > 0:
         measured = measure(spec, data, trial_extras(spec, data))
     several = (res.workers_per_trial or 1) > 1 or (
-        res.gpus_per_trial != "auto" and res.gpus_per_trial >= 2)
+        res.gpus_per_trial != "auto" and res.gpus_per_trial >= 2
+    )
     mode = declarations(spec.trainable).data_parallel if several else None
     return resolve(res, cluster, measured, data_parallel=mode)
 
@@ -97,11 +98,22 @@ def _progress(spec: StudySpec, bridge: OptunaBridge, options: RunOptions) -> lis
     if not options.progress:
         return []
     objective, budget, asha = spec.objective, spec.budget, spec.asha
-    rungs = (asha_milestones(asha.grace_period, asha.reduction_factor, budget.max_epochs)
-             if asha.enabled else [])
-    return [ProgressCallback(bridge, objective.metric, objective.mode, budget.trials,
-                             milestones=rungs, max_epochs=budget.max_epochs,
-                             time_limit_s=budget.time_limit_s)]
+    rungs = (
+        asha_milestones(asha.grace_period, asha.reduction_factor, budget.max_epochs)
+        if asha.enabled
+        else []
+    )
+    return [
+        ProgressCallback(
+            bridge,
+            objective.metric,
+            objective.mode,
+            budget.trials,
+            milestones=rungs,
+            max_epochs=budget.max_epochs,
+            time_limit_s=budget.time_limit_s,
+        )
+    ]
 
 
 def run_study(spec: StudySpec, options: RunOptions = RunOptions()) -> RunSummary:
@@ -135,8 +147,9 @@ def run_study(spec: StudySpec, options: RunOptions = RunOptions()) -> RunSummary
     )
 
 
-def _fit(spec: StudySpec, options: RunOptions, study: optuna.Study, run_id: str,
-         budget: int) -> dict[int, str]:
+def _fit(
+    spec: StudySpec, options: RunOptions, study: optuna.Study, run_id: str, budget: int
+) -> dict[int, str]:
     """Runs ``budget`` trials through Ray Tune; returns each one's number and final state."""
     import optuna
     from ray import tune
@@ -154,8 +167,14 @@ def _fit(spec: StudySpec, options: RunOptions, study: optuna.Study, run_id: str,
     if options.progress and placement.note:
         print(placement.note, file=sys.stderr)
     bridge = OptunaBridge(
-        study, spec.space, spec.fixed, metric=spec.objective.metric, mode=spec.objective.mode,
-        max_epochs=spec.budget.max_epochs, seed=spec.sampler.seed or 0, run_id=run_id,
+        study,
+        spec.space,
+        spec.fixed,
+        metric=spec.objective.metric,
+        mode=spec.objective.mode,
+        max_epochs=spec.budget.max_epochs,
+        seed=spec.sampler.seed or 0,
+        run_id=run_id,
     )
     scheduler = build_scheduler(spec, bridge.mark_pruned)
     if isinstance(scheduler, PruneReportingASHA):

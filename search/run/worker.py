@@ -81,11 +81,15 @@ def _context(config: Mapping[str, Any], job: TrialJob, device: str) -> TrialCont
     restore_dir, done = _restored()
     share = _gpu_share() if device != "cpu" else None
     return trial_context(
-        job, seed=int(config.get(SEED, 0)), number=int(config.get(NUMBER, 0)), device=device,
+        job,
+        seed=int(config.get(SEED, 0)),
+        number=int(config.get(NUMBER, 0)),
+        device=device,
         trial_dir=tune.get_context().get_trial_dir() or ".",
         extras=share_extras(job.extras, share),
         checkpoint_dir=tempfile.mkdtemp(prefix="search-ckpt-") if job.checkpoints else None,
-        restore_dir=restore_dir, start_epoch=done + 1,
+        restore_dir=restore_dir,
+        start_epoch=done + 1,
     )
 
 
@@ -128,8 +132,13 @@ def run_trial(config: dict[str, Any], job: TrialJob, data: Dataset) -> None:
         with closing(drive(epochs, job.max_epochs, ctx.start_epoch, job.metric)) as run:
             for epoch in run:
                 replicas = int(epoch.metrics.get("replicas", planned))  # what it really used
-                report = {**epoch.metrics, EPOCH: epoch.number, DEVICE: device, NODE: node,
-                          REPLICAS: replicas}
+                report = {
+                    **epoch.metrics,
+                    EPOCH: epoch.number,
+                    DEVICE: device,
+                    NODE: node,
+                    REPLICAS: replicas,
+                }
                 if epoch.fail_reason:
                     report.update(_failed(job.metric, epoch.metrics, epoch.fail_reason))
                 checkpoint = None if epoch.fail_reason else _checkpoint(ctx, epoch.number)

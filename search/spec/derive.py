@@ -10,8 +10,9 @@ if TYPE_CHECKING:
     from search.spec.schema import StudySpec
 
 
-def one_trial_spec(spec: StudySpec, fixed: Mapping[str, Any], seed: int, suffix: str,
-                   storage: str) -> dict[str, Any]:
+def one_trial_spec(
+    spec: StudySpec, fixed: Mapping[str, Any], seed: int, suffix: str, storage: str
+) -> dict[str, Any]:
     """A spec that trains ``fixed`` once with ``seed`` (``best.yaml``, an export's
     ``config.yaml``): no space, one trial, no time limit, ASHA and profiling off.
 

@@ -78,9 +78,14 @@ def _traced(config: Mapping[str, Any], data: Dataset, ctx: TrialContext) -> Iter
     folder = Path(str(config.get("trace_dir", ".")))
     folder.mkdir(parents=True, exist_ok=True)
     record = {
-        "trial": ctx.trial_number, "pid": os.getpid(), "start": time.time(), "end": None,
-        "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"), "device": ctx.device,
-        "num_threads": ctx.num_threads, "gpu_share": ctx.extras.get("gpu_share"),
+        "trial": ctx.trial_number,
+        "pid": os.getpid(),
+        "start": time.time(),
+        "end": None,
+        "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+        "device": ctx.device,
+        "num_threads": ctx.num_threads,
+        "gpu_share": ctx.extras.get("gpu_share"),
         "gpu_memory_fraction": ctx.extras.get("gpu_memory_fraction"),
     }
     path = folder / f"trial-{ctx.trial_number}-{os.getpid()}.json"
@@ -106,8 +111,9 @@ def instant(config: Mapping[str, Any], data: Dataset, ctx: TrialContext) -> Iter
     yield {"val_accuracy": float(config.get("x", 0.0))}
 
 
-def curve_export(config: Mapping[str, Any], data: Dataset, ctx: TrialContext,
-                 out_dir: Path) -> Metrics:
+def curve_export(
+    config: Mapping[str, Any], data: Dataset, ctx: TrialContext, out_dir: Path
+) -> Metrics:
     """The export hook of :func:`curve` (``search.handover.export``): trains it, writes
     ``model.json``."""
     history = ctx.extras.get("history")
@@ -121,8 +127,16 @@ def curve_export(config: Mapping[str, Any], data: Dataset, ctx: TrialContext,
     return {**last, "export_val_accuracy": last.get("val_accuracy", 0.0)}
 
 
-HOSTILE_MODES = ("ok", "numpy_nan", "numpy_scalars", "typo", "every_other", "none", "string",
-                 "nothing")
+HOSTILE_MODES = (
+    "ok",
+    "numpy_nan",
+    "numpy_scalars",
+    "typo",
+    "every_other",
+    "none",
+    "string",
+    "nothing",
+)
 """The ordinary mistakes of a user's trainable that :func:`hostile` makes, one per ``mode``."""
 
 
@@ -144,8 +158,10 @@ def hostile(config: Mapping[str, Any], data: Dataset, ctx: TrialContext) -> Iter
         accuracy = 0.5 + 0.1 * epoch
         metrics: dict[str, Any] = {"val_accuracy": accuracy, "val_loss": 1.0 - accuracy}
         if mode == "numpy_nan":
-            metrics = {"val_accuracy": np.float64(accuracy),
-                       "val_loss": np.float32("nan") if epoch >= 2 else np.float32(0.5)}
+            metrics = {
+                "val_accuracy": np.float64(accuracy),
+                "val_loss": np.float32("nan") if epoch >= 2 else np.float32(0.5),
+            }
         elif mode == "numpy_scalars":
             metrics = {"val_accuracy": np.float32(accuracy), "val_loss": np.array(0.25)}
         elif mode == "typo":
