@@ -23,11 +23,12 @@ LAYERS: list[tuple[str, ...]] = [
     ("run",),
     ("record",),
     ("spec",),
-    ("testing",),
+    ("testing", "keras"),
     ("contract",),
     ("errors", "__init__"),
 ]
-"""Top to bottom. ``testing`` holds deterministic trainables for tests (like optuna.testing)."""
+"""Top to bottom. ``testing`` holds deterministic trainables for tests (like optuna.testing);
+``keras`` adapts a user's ``model.fit`` to the contract."""
 LAZY_ALLOWED = {"search.cli", "search.__main__"}
 """Modules that may import ``search`` modules inside functions (to keep ``--help`` fast)."""
 

@@ -28,7 +28,7 @@ from optuna.trial import TrialState, create_trial
 from search.contract import TrialContext, declarations
 from search.handover.confirm import ROLE
 from search.handover.export import TOLERANCE, export_study
-from search.record.study import CONFIRM_SUFFIX, open_study
+from search.record.study import CONFIRM_SUFFIX, open_study, record_spec
 from search.spec.schema import load_spec, parse_spec
 from tests.conftest import REPO, base_spec
 from tests.test_cli import _cli
@@ -40,6 +40,7 @@ def make_study(
     """A study whose trials have the given ``param`` values and states (value = param)."""
     spec = parse_spec(base_spec(tmp_path, **changes))
     study = open_study(spec)
+    record_spec(study, spec)
     bounds = spec.space[param]
     for x, state in values.items():
         done = state == TrialState.COMPLETE
