@@ -105,6 +105,10 @@ def run(
     folder = write_results(done, parsed, results)
     print_summary(console, done, summary, folder)
     _report_after_run(done.study_name, parsed.storage, results)
+    if summary.stopped_early:
+        typer.echo(f"error: {summary.stopped_early}; fix it and run again (the run stopped "
+                   "early, before its budget)", err=True)
+        raise typer.Exit(2)
     if summary.states and "COMPLETE" not in summary.states.values():
         _no_trial_completed(done, summary.states)
 

@@ -28,6 +28,8 @@ EXPECTED = {
     "none": ("FAIL", "metric val_accuracy is not a number at epoch 2 (got NoneType None)", [0.6]),
     "string": ("FAIL", "metric val_accuracy is not a number at epoch 1 (got str 0.60)", []),
     "nothing": ("FAIL", "the trainable yielded no epoch", []),
+    "keyerror": ("FAIL", "KeyError: 'learning_rate' (not retried: it fails the same way every "
+                 "time)", []),
 }
 
 
@@ -43,7 +45,7 @@ def test_each_mistake_gets_its_true_record(ray_local: None, tmp_path: Path) -> N
             # ASHA multiplies every result's metric; its one rung is the last epoch: it prunes none
             asha={"enabled": True, "grace_period": 3, "reduction_factor": 3},
             space={"mode": {"choice": list(HOSTILE_MODES)}},
-            faults={"max_failures": 0},
+            faults={"max_failures": 2},  # the KeyError must not be retried all the same
         )
     )
     summary = run_study(spec, RunOptions(results_dir=tmp_path / "results", progress=False))
@@ -58,3 +60,7 @@ def test_each_mistake_gets_its_true_record(ray_local: None, tmp_path: Path) -> N
             math.isclose(v, c, rel_tol=1e-6) for v, c in zip(values, curve, strict=True)
         ), mode
         assert all(isinstance(v, float) for v in values)
+        assert trial.user_attrs["retries"] == 0, mode
+    assert "KeyError" in Path(trials["keyerror"].user_attrs["traceback"]).read_text()
+    metrics = trials["numpy_scalars"].user_attrs["metrics"]
+    assert metrics == {"val_accuracy": pytest.approx(0.8), "val_loss": 0.25}

@@ -201,3 +201,20 @@ def test_time_limit_stops_trials_and_records_them_truthfully(
             assert t.state.name == "FAIL" and epochs == 0, (t.number, t.state.name, epochs)
             assert t.user_attrs["fail_reason"] == "ended before its first epoch (time limit)"
     assert any(t.state.name == "PRUNED" for t in trials)
+
+
+def test_a_retry_resumes_from_the_epoch_its_checkpoint_really_holds(
+    ray_local: None, tmp_path: Path
+) -> None:
+    """State saved on epochs 1, 3, 5 only; the first attempt fails at epoch 5. The epoch-4
+    report must not relabel the epoch-3 state as epoch 4 (``curve`` asserts what it loads)."""
+    spec = parse_spec(base_spec(
+        tmp_path, study="sparse", budget={"trials": 1, "max_epochs": 6},
+        asha={"enabled": False}, space={}, fixed={"x": 0.9, "save_every": 2, "fail_once_at": 5},
+        faults={"max_failures": 1},
+    ))
+    run_study(spec, RunOptions(results_dir=tmp_path / "results", progress=False))
+    (trial,) = load_study("sparse", spec.storage).trials
+    assert trial.state.name == "COMPLETE", trial.user_attrs.get("fail_reason")
+    assert trial.user_attrs["retries"] == 1
+    assert sorted(trial.intermediate_values) == [1, 2, 3, 4, 5, 6]

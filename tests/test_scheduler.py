@@ -6,7 +6,8 @@ import time
 
 import pytest
 
-from search.run.scheduler import DeadlineStopper, PruneReportingASHA
+from search.run.scheduler import PruneReportingASHA
+from search.run.stopping import RunStopper
 from search.spec.derive import asha_milestones, ray_milestones
 
 
@@ -47,7 +48,7 @@ def test_milestones_are_rays_own() -> None:
 
 def test_the_deadline_stops_running_trials_but_not_one_that_ended_itself() -> None:
     stopped: list[str] = []
-    stopper = DeadlineStopper(3600, stopped.append)
+    stopper = RunStopper(3600, stopped.append)
     assert not stopper("a", {"training_iteration": 5})
     assert not stopper("b", {"training_iteration": 2})
     stopper._deadline = time.monotonic() - 1  # the clock runs out

@@ -10,6 +10,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from search.contract import ConfigError
+
 COMMON_DEFAULTS: dict[str, Any] = {
     "lr": 1e-3,
     "batch_size": 64,
@@ -82,9 +84,9 @@ def read_config(
     """
     unknown = sorted(set(config) - set(defaults))
     if unknown:
-        raise ValueError(f"unknown config key(s) {unknown}; known: {sorted(defaults)}")
+        raise ConfigError(f"unknown config key(s) {unknown}; known: {sorted(defaults)}")
     cfg = {k: _coerce(k, config.get(k, default), default) for k, default in defaults.items()}
     for key, allowed in {**CHOICES, **(choices or {})}.items():
         if key in cfg and cfg[key] not in allowed:
-            raise ValueError(f"{key} must be one of {', '.join(allowed)}, got {cfg[key]!r}")
+            raise ConfigError(f"{key} must be one of {', '.join(allowed)}, got {cfg[key]!r}")
     return cfg

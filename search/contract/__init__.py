@@ -7,7 +7,14 @@ A user's trainable needs nothing else::
     from search.contract import Dataset, Metrics, TrialContext
 """
 
-from search.contract.context import RESERVED_PREFIX, ExportFn, Metrics, TrainFn, TrialContext
+from search.contract.context import (
+    RESERVED_PREFIX,
+    ConfigError,
+    ExportFn,
+    Metrics,
+    TrainFn,
+    TrialContext,
+)
 from search.contract.dataset import Dataset
 from search.contract.driver import (
     Epoch,
@@ -27,6 +34,7 @@ from search.contract.registry import (
 
 __all__ = [
     "BUILTIN",
+    "ConfigError",
     "RESERVED_PREFIX",
     "Dataset",
     "Declarations",

@@ -32,6 +32,13 @@ TrainFn = Callable[[Mapping[str, Any], "Dataset", "TrialContext"], Iterator[Metr
 ExportFn = Callable[[Mapping[str, Any], "Dataset", "TrialContext", Path], Metrics]
 
 
+class ConfigError(ValueError):
+    """A config the trainable cannot use (an unknown knob, a value out of range).
+
+    It fails the same way every time, so the framework does not retry the trial.
+    """
+
+
 @dataclass(frozen=True)
 class TrialContext:
     """What the framework tells a trainable about the trial it runs.

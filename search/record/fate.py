@@ -28,6 +28,12 @@ DEVICE = RESERVED_PREFIX + "device"
 NODE = RESERVED_PREFIX + "node"
 REPLICAS = RESERVED_PREFIX + "replicas"
 FAIL_REASON = RESERVED_PREFIX + "fail_reason"
+TRACEBACK = RESERVED_PREFIX + "traceback"
+"""Where the full traceback of a trial's error was written."""
+CODE_ERROR = RESERVED_PREFIX + "code_error"
+"""Set on a failing result whose cause is the trainable's code: the same every time."""
+METRIC_KEYS = RESERVED_PREFIX + "metrics"
+"""The names of the metrics the trainable itself yielded (Tune adds its own beside them)."""
 NO_VALUE = RESERVED_PREFIX + "no_value"
 """Set on a failing result whose objective was missing or not a number (a NaN stands in)."""
 SEED = RESERVED_PREFIX + "seed"
@@ -48,9 +54,17 @@ class TrialRecord:
     retries: int = 0
     interrupted: str | None = None
     """What cut the trial short from outside: ``"time limit"`` or ``"interrupt"``."""
+    traceback: str | None = None
+    """Where the full traceback of its error is (a file on the node that ran it)."""
+    code_error: bool = False
+    """Whether it failed by its code (an error that no retry fixes, a missing metric)."""
+    metrics: dict[int, dict[str, float]] = field(default_factory=dict)
+    """Every numeric metric the trainable yielded, per epoch."""
 
     def add(self, result: Mapping[str, Any]) -> tuple[int, float] | None:
         """Takes one reported result; returns ``(epoch, value)`` if it is a new epoch."""
+        self.traceback = result.get(TRACEBACK) or self.traceback
+        self.code_error = bool(result.get(CODE_ERROR)) or self.code_error
         if result.get(NO_VALUE):
             self.last = dict(result)
             return None
@@ -60,6 +74,9 @@ class TrialRecord:
         self.last = dict(result)
         if epoch in self.curve:
             return None
+        yielded = result.get(METRIC_KEYS, ())
+        self.metrics[epoch] = {k: float(result[k]) for k in yielded
+                               if isinstance(result.get(k), int | float)}
         value = float(result[self.metric])
         self.curve[epoch] = value
         return epoch, value
@@ -101,6 +118,11 @@ class TrialRecord:
         for key in (DEVICE, NODE, REPLICAS):
             if key in self.last:
                 attrs[key.removeprefix(RESERVED_PREFIX)] = self.last[key]
+        if self.metrics:
+            last = self.metrics[max(self.metrics)]
+            attrs["metrics"] = {k: v for k, v in last.items() if math.isfinite(v)}
+        if self.traceback:
+            attrs["traceback"] = self.traceback
         return attrs
 
 

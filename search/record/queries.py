@@ -7,7 +7,9 @@ empty space, one trial, ASHA off and the seed that trial trained with, so
 
 from __future__ import annotations
 
+import csv
 from collections import Counter
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -22,11 +24,13 @@ if TYPE_CHECKING:
 
     from search.spec.schema import StudySpec
 
-ATTR_COLUMNS = ("epochs", "seconds", "device", "node", "fail_reason", "ray_trial_id")
+ATTR_COLUMNS = ("epochs", "seconds", "device", "node", "fail_reason", "traceback",
+                "ray_trial_id")
 
 
 def trials_frame(study: optuna.Study) -> pd.DataFrame:
-    """One row per trial: number, state, value, each parameter, epochs, seconds, and more."""
+    """One row per trial: number, state, value, each parameter, epochs, seconds, and more, and
+    ``metric_<name>`` for every metric the trainable yielded at its last epoch."""
     import pandas as pd
 
     rows = []
@@ -38,6 +42,9 @@ def trials_frame(study: optuna.Study) -> pd.DataFrame:
         }
         row.update({f"param_{k}": v for k, v in trial.params.items()})
         row.update({k: trial.user_attrs.get(k) for k in ATTR_COLUMNS})
+        metrics = trial.user_attrs.get("metrics")
+        if isinstance(metrics, dict):
+            row.update({f"metric_{k}": v for k, v in metrics.items()})
         rows.append(row)
     return pd.DataFrame(rows)
 
@@ -60,6 +67,23 @@ def best_spec(spec: StudySpec, trial: optuna.trial.FrozenTrial) -> dict[str, Any
     """The spec that trains ``trial``'s config again, exactly (same seed)."""
     seed = (spec.sampler.seed or 0) + trial.number
     return one_trial_spec(spec, {**spec.fixed, **trial.params}, seed, "-best", redact(spec.storage))
+
+
+EPOCHS_FILE = "epochs.csv"
+"""Every numeric metric of every trial, per epoch: ``trial,epoch,metric,value`` rows."""
+
+
+def append_epochs(path: Path, number: int, metrics: Mapping[int, Mapping[str, float]]) -> None:
+    """Adds one finished trial's per-epoch metrics to the long table at ``path``."""
+    new = not path.exists()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a", newline="") as f:
+        writer = csv.writer(f)
+        if new:
+            writer.writerow(["trial", "epoch", "metric", "value"])
+        for epoch in sorted(metrics):
+            for name, value in sorted(metrics[epoch].items()):
+                writer.writerow([number, epoch, name, repr(value)])
 
 
 def write_results(study: optuna.Study, spec: StudySpec, results_dir: Path) -> Path:

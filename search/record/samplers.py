@@ -5,6 +5,7 @@ Ray ignores its own ``seed=`` when a sampler is passed, so the seed goes into th
 
 from __future__ import annotations
 
+import warnings
 from typing import TYPE_CHECKING
 
 import optuna
@@ -70,9 +71,11 @@ def build_sampler(spec: StudySpec, offset: int = 0) -> optuna.samplers.BaseSampl
     seed = None if spec.sampler.seed is None else spec.sampler.seed + offset
     name = spec.sampler.name
     if name == "tpe":
-        return optuna.samplers.TPESampler(
-            seed=seed, multivariate=True, group=True, constant_liar=True, n_startup_trials=8
-        )
+        with warnings.catch_warnings():  # group and constant_liar are "experimental" since 2.x
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            return optuna.samplers.TPESampler(
+                seed=seed, multivariate=True, group=True, constant_liar=True, n_startup_trials=8
+            )
     if name == "random":
         return optuna.samplers.RandomSampler(seed=seed)
     if name == "cmaes":

@@ -13,6 +13,8 @@ The study itself is the searcher's persistent state, so nothing else is pickled.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import optuna
@@ -32,6 +34,28 @@ if TYPE_CHECKING:
     from search.spec.space import Param
 
 
+@dataclass(frozen=True)
+class Outcome:
+    """What became of one trial, once the study holds it.
+
+    Args:
+        number: The Optuna trial number.
+        state: ``COMPLETE``, ``PRUNED`` or ``FAIL``.
+        reason: Why it failed (``None`` unless FAIL).
+        traceback: The file that holds its error's traceback, when it raised.
+        code_error: Whether its own code failed it (an error no retry fixes, a missing metric,
+            an error that outlived its retries), as opposed to a NaN or an interrupt.
+        metrics: Every numeric metric it yielded, per epoch.
+    """
+
+    number: int
+    state: str
+    reason: str | None = None
+    traceback: str | None = None
+    code_error: bool = False
+    metrics: dict[int, dict[str, float]] = field(default_factory=dict)
+
+
 class OptunaBridge(Searcher):
     """A Ray Tune searcher that asks an Optuna study for configs and tells it the truth.
 
@@ -44,6 +68,7 @@ class OptunaBridge(Searcher):
         max_epochs: The epoch budget: a trial stopped before it was pruned.
         seed: Base seed; trial ``n`` trains with ``seed + n``.
         run_id: This run's id, recorded on every trial it creates (user attribute ``driver``).
+        listeners: Called with each trial's :class:`Outcome` once the study holds it.
 
     Example:
         >>> bridge = OptunaBridge(study, spec.space, {}, metric="val_accuracy",
@@ -61,6 +86,7 @@ class OptunaBridge(Searcher):
         max_epochs: int,
         seed: int = 0,
         run_id: str = "",
+        listeners: Sequence[Callable[[Outcome], None]] = (),
     ) -> None:
         super().__init__(metric=metric, mode=mode)
         self._study = study
@@ -70,8 +96,16 @@ class OptunaBridge(Searcher):
         self._seed = seed
         self._driver = run_id
         self._live: dict[str, tuple[optuna.Trial, TrialRecord]] = {}
+        self._listeners = list(listeners)
         self.finished: dict[str, tuple[int, str]] = {}
         """Ray trial id -> (Optuna trial number, final state name), for callers and tests."""
+        self.outcomes: dict[str, Outcome] = {}
+        """Ray trial id -> what became of the trial."""
+
+    @property
+    def study(self) -> optuna.Study:
+        """The study this bridge asks and tells."""
+        return self._study
 
     def suggest(self, trial_id: str) -> dict[str, Any] | None:
         # The trial is born WAITING with this run's id in the same commit, then ``ask`` takes
@@ -116,11 +150,13 @@ class OptunaBridge(Searcher):
         if trial_id in self._live:
             self._live[trial_id][1].interrupted = cause
 
-    def record_error(self, trial_id: str, message: str) -> None:
-        """Called by :class:`ErrorCallback` with the one-line summary of a trial's error."""
+    def record_error(self, trial_id: str, message: str, traceback: str | None = None) -> None:
+        """Called by :class:`ErrorCallback` with the one-line summary of a trial's error and
+        the file that holds its traceback."""
         if trial_id in self._live:
             record = self._live[trial_id][1]
             record.error, record.errored = message, True
+            record.traceback = traceback or record.traceback
             self._finish(trial_id)
 
     def record_retry(self, trial_id: str) -> None:
@@ -159,6 +195,11 @@ class OptunaBridge(Searcher):
             trial.set_user_attr(key, attr)
         self._study.tell(trial, values, state=state)
         self.finished[trial_id] = (trial.number, state.name)
+        outcome = Outcome(trial.number, state.name, reason, record.traceback,
+                          record.code_error or record.errored, dict(record.metrics))
+        self.outcomes[trial_id] = outcome
+        for listener in self._listeners:
+            listener(outcome)
 
     # The Optuna storage is the durable state. Ray pickles the searcher into its experiment
     # folder (tuner.pkl, searcher checkpoints); the study, and with it a storage URL that may
@@ -182,7 +223,8 @@ class ErrorCallback(Callback):
     def on_trial_error(
         self, iteration: int, trials: list[Trial], trial: Trial, **info: Any
     ) -> None:
-        self._bridge.record_error(trial.trial_id, error_summary(_trial_error(trial)))
+        self._bridge.record_error(trial.trial_id, error_summary(_trial_error(trial)),
+                                  getattr(trial, "error_file", None))
 
     def on_trial_recover(
         self, iteration: int, trials: list[Trial], trial: Trial, **info: Any

@@ -28,6 +28,15 @@ NUM_GPUS_ENV = "SEARCH_NUM_GPUS"
 placement tests use 4 logical GPUs on a CPU machine); unset: what the machine has."""
 
 
+_AUTH_LOGGER = "ray._private.authentication.authentication_token_setup"
+
+
+def _quiet_token_enabled(record: logging.LogRecord) -> bool:
+    """Drops Ray's note that a local cluster enabled token auth; keeps its other warnings
+    (token auth *disabled* is a real one)."""
+    return "Token authentication is enabled" not in record.getMessage()
+
+
 def init_ray(address: str | None, num_cpus: int | None = None, num_gpus: int | None = None) -> None:
     """Starts a local Ray (or joins ``address``) unless this process already has one.
 
@@ -45,6 +54,8 @@ def init_ray(address: str | None, num_cpus: int | None = None, num_gpus: int | N
     if ray.is_initialized():
         return
     use_cluster_token(address)  # Ray 2.60 clusters want RAY_AUTH_MODE=token from drivers
+    if address is None:  # a local Ray that turned token auth on says so: news to nobody
+        logging.getLogger(_AUTH_LOGGER).addFilter(_quiet_token_enabled)
     ray.init(
         address=address,
         num_cpus=None if address else num_cpus,

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 from ray.tune import Callback
 from rich.console import Console, Group
 from rich.live import Live
+from rich.markup import escape
 from rich.text import Text
 
 from search.record.fate import EPOCH
@@ -233,8 +234,14 @@ class ProgressCallback(Callback):
         shown = f"{value:.4f}" if isinstance(value, int | float) else "-"
         best = f"{self._best:.4f}" if self._best is not None else "-"
         style = STYLE.get(state, "white")
+        outcome = self._bridge.outcomes.get(trial.trial_id)
+        why = ""
+        if outcome is not None and outcome.reason:
+            why = f" [red]{escape(outcome.reason)}[/red]"
+            if outcome.traceback:
+                why += f" [dim](traceback: {escape(outcome.traceback)})[/dim]"
         self._console.print(
             f"[dim][{time.monotonic() - self._start:7.1f}s {self._done:>3}/{self._total}][/dim] "
             f"trial {number:>3} [{style}]{state:<8}[/{style}] epoch {epoch:>3} "
-            f"{self._metric}={shown} best={best}"
+            f"{self._metric}={shown} best={best}{why}"
         )

@@ -14,10 +14,11 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from search.contract import declarations
 from search.record.lease import StudyLease, new_run_id
+from search.record.queries import EPOCHS_FILE, append_epochs
 from search.record.resume import earlier_curves, recover
 from search.record.samplers import grid_size
 from search.record.storage import redact
@@ -30,7 +31,8 @@ from search.run.gpu_memory import OOM_RETRIES, OomRetry, measure
 from search.run.job import trial_extras, trial_job
 from search.run.placement import Placement, resolve
 from search.run.progress import ProgressCallback
-from search.run.scheduler import DeadlineStopper, PruneReportingASHA, build_scheduler
+from search.run.scheduler import PruneReportingASHA, build_scheduler
+from search.run.stopping import FIRST, FailFast, RunStopper
 from search.run.worker import run_trial
 from search.spec.derive import asha_milestones
 
@@ -70,6 +72,8 @@ class RunSummary:
     """Trials an earlier, dead driver left open, now FAIL and replaced."""
     states: dict[int, str] = field(default_factory=dict)
     """Optuna trial number -> final state name, for each trial this run finished."""
+    stopped_early: str | None = None
+    """Why the run stopped before its budget (its first trials all failed alike), if it did."""
 
 
 def place(spec: StudySpec, data: Dataset) -> Placement:
@@ -86,12 +90,6 @@ def place(spec: StudySpec, data: Dataset) -> Placement:
     )
     mode = declarations(spec.trainable).data_parallel if several else None
     return resolve(res, cluster, measured, data_parallel=mode)
-
-
-def _deadline(spec: StudySpec, bridge: OptunaBridge) -> DeadlineStopper | None:
-    if spec.budget.time_limit_s is None:
-        return None
-    return DeadlineStopper(spec.budget.time_limit_s, bridge.mark_interrupted)
 
 
 def _progress(spec: StudySpec, bridge: OptunaBridge, options: RunOptions) -> list[Callback]:
@@ -134,7 +132,8 @@ def run_study(spec: StudySpec, options: RunOptions = RunOptions()) -> RunSummary
         record_spec(study, spec)
         recovery = recover(study)
         budget = min(spec.budget.trials, grid_size(spec) or spec.budget.trials) - recovery.counted
-        finished = _fit(spec, options, study, lease.run_id, budget) if budget > 0 else {}
+        finished, stopped = (_fit(spec, options, study, lease.run_id, budget) if budget > 0
+                             else ({}, None))
     finally:
         lease.release()
     return RunSummary(
@@ -144,16 +143,16 @@ def run_study(spec: StudySpec, options: RunOptions = RunOptions()) -> RunSummary
         trials_this_run=len(finished),
         interrupted=recovery.interrupted,
         states=finished,
+        stopped_early=stopped,
     )
 
 
 def _fit(
     spec: StudySpec, options: RunOptions, study: optuna.Study, run_id: str, budget: int
-) -> dict[int, str]:
-    """Runs ``budget`` trials through Ray Tune; returns each one's number and final state."""
+) -> tuple[dict[int, str], str | None]:
+    """Runs ``budget`` trials through Ray Tune; returns each one's number and final state, and
+    why the run stopped early (``None`` when it did not)."""
     import optuna
-    from ray import tune
-    from ray.tune.search import ConcurrencyLimiter
 
     init_ray(options.address)
     # Trial writes (attributes, intermediate values, final state) leave Tune's loop: a
@@ -166,27 +165,43 @@ def _fit(
     placement = place(spec, data)
     if options.progress and placement.note:
         print(placement.note, file=sys.stderr)
+    watch = FailFast(min(FIRST, budget))
+    table = options.results_dir / spec.study / EPOCHS_FILE
     bridge = OptunaBridge(
-        study,
-        spec.space,
-        spec.fixed,
-        metric=spec.objective.metric,
-        mode=spec.objective.mode,
-        max_epochs=spec.budget.max_epochs,
-        seed=spec.sampler.seed or 0,
-        run_id=run_id,
+        study, spec.space, spec.fixed, metric=spec.objective.metric, mode=spec.objective.mode,
+        max_epochs=spec.budget.max_epochs, seed=spec.sampler.seed or 0, run_id=run_id,
+        listeners=[watch, lambda done: append_epochs(table, done.number, done.metrics)],
     )
+    stopper = RunStopper(spec.budget.time_limit_s, bridge.mark_interrupted, lambda: watch.verdict)
+    tuner = _tuner(spec, options, bridge, placement, data, stopper, budget)
+    try:
+        tuner.fit()
+    finally:
+        try:
+            cause = "time limit" if stopper.expired else "interrupt"
+            bridge.finalize("run stopped early" if watch.verdict else cause)
+        finally:
+            storage.close()
+    return dict(bridge.finished.values()), watch.verdict
+
+
+def _tuner(spec: StudySpec, options: RunOptions, bridge: OptunaBridge, placement: Placement,
+           data: Dataset, stopper: RunStopper, budget: int) -> Any:
+    """The Tune ``Tuner``: the trainable with its resources, ASHA (rungs refilled on a resume),
+    the bridge as searcher, retries, and our callbacks."""
+    from ray import tune
+    from ray.tune.search import ConcurrencyLimiter
+
     scheduler = build_scheduler(spec, bridge.mark_pruned)
     if isinstance(scheduler, PruneReportingASHA):
-        scheduler.restore_rungs(earlier_curves(study))
+        scheduler.restore_rungs(earlier_curves(bridge.study))
     trainable = tune.with_resources(
         tune.with_parameters(run_trial, job=trial_job(spec, data, placement), data=data),
         placement.ray_resources,
     )
     packed = 0 < placement.gpus_per_trial < 1  # an out-of-memory trial retries with more GPU
     max_failures = max(spec.faults.max_failures, OOM_RETRIES if packed else 0)
-    deadline = _deadline(spec, bridge)
-    tuner = tune.Tuner(
+    return tune.Tuner(
         trainable,
         tune_config=tune.TuneConfig(
             search_alg=ConcurrencyLimiter(bridge, max_concurrent=placement.concurrency),
@@ -204,16 +219,8 @@ def _fit(
                 *options.callbacks,
             ],
             verbose=options.verbose,
-            stop=deadline,
+            stop=stopper,
             failure_config=tune.FailureConfig(max_failures=max_failures),
             checkpoint_config=tune.CheckpointConfig(num_to_keep=1),
         ),
     )
-    try:
-        tuner.fit()
-    finally:
-        try:
-            bridge.finalize("time limit" if deadline and deadline.expired else "interrupt")
-        finally:
-            storage.close()
-    return dict(bridge.finished.values())

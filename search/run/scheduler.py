@@ -8,12 +8,10 @@ subclass reports the second kind, so the study can record PRUNED truthfully.
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from ray.tune.schedulers import AsyncHyperBandScheduler, FIFOScheduler, TrialScheduler
-from ray.tune.stopper import Stopper
 
 from search.spec.derive import rung_epoch
 
@@ -58,42 +56,6 @@ class PruneReportingASHA(AsyncHyperBandScheduler):
         if decision == TrialScheduler.STOP and result.get(self._time_attr, 0) < self._max_t:
             self._on_prune(trial.trial_id)
         return decision
-
-
-class DeadlineStopper(Stopper):
-    """Ends the study at ``budget.time_limit_s`` and tells the bridge which trials it cut.
-
-    Ray's own ``time_budget_s`` stops trials with a result that looks like any finished one,
-    so the study could not tell a trial cut by the clock from one that ended by itself.
-
-    Args:
-        seconds: The wall-clock budget, counted from construction.
-        on_stop: Receives the Ray trial id of every trial the deadline stops.
-    """
-
-    def __init__(self, seconds: float, on_stop: Callable[[str], None]) -> None:
-        self._deadline = time.monotonic() + seconds
-        self._on_stop = on_stop
-        self._seen: dict[str, Any] = {}  # trial id -> the last iteration it reported
-
-    def __call__(self, trial_id: str, result: dict) -> bool:
-        # When a trial's generator returns, Tune hands its last result in once more; that
-        # trial ended by itself (early stopping, the budget), whatever the clock says.
-        iteration = result.get(TIME_ATTR)
-        repeated = iteration is not None and self._seen.get(trial_id) == iteration
-        self._seen[trial_id] = iteration
-        if repeated or time.monotonic() < self._deadline:
-            return False
-        self._on_stop(trial_id)
-        return True
-
-    def stop_all(self) -> bool:
-        return self.expired
-
-    @property
-    def expired(self) -> bool:
-        """Whether the time limit has passed."""
-        return time.monotonic() >= self._deadline
 
 
 def build_scheduler(spec: StudySpec, on_prune: Callable[[str], None]) -> TrialScheduler:

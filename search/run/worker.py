@@ -16,21 +16,26 @@ import os
 import shutil
 import socket
 import tempfile
+import traceback
 from collections.abc import Mapping
 from contextlib import closing
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from search.contract import RESERVED_PREFIX, TrialContext, declarations, drive
+from search.contract import RESERVED_PREFIX, ConfigError, TrialContext, declarations, drive
 from search.record.fate import (
+    CODE_ERROR,
     DEVICE,
     EPOCH,
     FAIL_REASON,
+    METRIC_KEYS,
     NO_VALUE,
     NODE,
     NUMBER,
     REPLICAS,
     SEED,
+    TRACEBACK,
+    error_summary,
 )
 from search.run.distributed import data_parallel
 from search.run.job import TrialJob, trial_context
@@ -93,24 +98,56 @@ def _context(config: Mapping[str, Any], job: TrialJob, device: str) -> TrialCont
     )
 
 
+_SAVED: dict[str, tuple[Any, ...]] = {}
+"""Checkpoint folder -> what its files were when they last became a Tune checkpoint."""
+
+
 def _checkpoint(ctx: TrialContext, epoch: int) -> Any:
-    """The epoch's Tune checkpoint, when the trainable saved state into ``checkpoint_dir``."""
+    """The epoch's Tune checkpoint, when the trainable saved new state into ``checkpoint_dir``.
+
+    A trainable that saves only on some epochs leaves the folder as it was: then no checkpoint
+    is made, and Tune keeps the last one, labelled with the epoch it really holds.
+    """
     from ray import tune
 
     folder = ctx.checkpoint_dir
-    if folder is None or not any(p.name != EPOCH_FILE for p in Path(folder).iterdir()):
+    if folder is None:
         return None
+    files = sorted(p for p in Path(folder).rglob("*") if p.is_file() and p.name != EPOCH_FILE)
+    state = tuple((str(p), p.stat().st_size, p.stat().st_mtime_ns) for p in files)
+    if not state or _SAVED.get(folder) == state:
+        return None
+    _SAVED[folder] = state
     (Path(folder) / EPOCH_FILE).write_text(json.dumps({"epoch": epoch}))
     return tune.Checkpoint.from_directory(folder)
 
 
 def _failed(metric: str, metrics: Mapping[str, Any], reason: str) -> dict[str, Any]:
     """What a failing epoch's report adds: the reason and, where the objective is missing or
-    not a number, a NaN in its place (Tune's scheduler needs a number) marked as no value."""
+    not a number, a NaN in its place (Tune's scheduler needs a number) marked as no value, and
+    as the code's own failure (no retry, nor the next trial, would do better)."""
     added: dict[str, Any] = {FAIL_REASON: reason}
     if metric and not isinstance(metrics.get(metric), float):
-        added.update({metric: math.nan, NO_VALUE: True})
+        added.update({metric: math.nan, NO_VALUE: True, CODE_ERROR: True})
     return added
+
+
+NOT_RETRIED = (TypeError, KeyError, NameError, AttributeError, ImportError, SyntaxError,
+               ConfigError)
+"""Errors of a trainable's code that fail the same way every time: the trial fails at once,
+with its traceback written beside it, and is not retried (Tune retries whatever raises)."""
+
+
+def _code_error(exc: BaseException, ctx: TrialContext) -> dict[str, Any]:
+    """The report of a trial that raised one of :data:`NOT_RETRIED`."""
+    path = Path(ctx.trial_dir) / "traceback.txt"
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("".join(traceback.format_exception(exc)))
+    except OSError:
+        path = Path("(not written)")
+    reason = f"{error_summary(exc)} (not retried: it fails the same way every time)"
+    return {FAIL_REASON: reason, TRACEBACK: str(path), CODE_ERROR: True}
 
 
 def run_trial(config: dict[str, Any], job: TrialJob, data: Dataset) -> None:
@@ -127,26 +164,25 @@ def run_trial(config: dict[str, Any], job: TrialJob, data: Dataset) -> None:
     else:
         epochs = train(params, data, ctx)
     planned = job.workers * int(job.extras.get("replicas") or 1)
+    where = {DEVICE: device, NODE: node}
+    last = ctx.start_epoch - 1
     try:
-        reported = False
         with closing(drive(epochs, job.max_epochs, ctx.start_epoch, job.metric)) as run:
             for epoch in run:
                 replicas = int(epoch.metrics.get("replicas", planned))  # what it really used
-                report = {
-                    **epoch.metrics,
-                    EPOCH: epoch.number,
-                    DEVICE: device,
-                    NODE: node,
-                    REPLICAS: replicas,
-                }
+                report = {**epoch.metrics, **where, EPOCH: epoch.number, REPLICAS: replicas,
+                          METRIC_KEYS: sorted(epoch.metrics)}
                 if epoch.fail_reason:
                     report.update(_failed(job.metric, epoch.metrics, epoch.fail_reason))
                 checkpoint = None if epoch.fail_reason else _checkpoint(ctx, epoch.number)
                 tune.report(report, checkpoint=checkpoint)
-                reported = True
-        if not reported and ctx.start_epoch == 1:
+                last = epoch.number
+        if last == 0:
             failed = _failed(job.metric, {}, "the trainable yielded no epoch")
-            tune.report({**failed, EPOCH: 0, DEVICE: device, NODE: node})
+            tune.report({**failed, **where, EPOCH: 0})
+    except NOT_RETRIED as exc:
+        failed = _failed(job.metric, {}, "")
+        tune.report({**failed, **_code_error(exc, ctx), **where, EPOCH: last})
     finally:
         for folder in (ctx.checkpoint_dir, ctx.restore_dir):
             if folder:

@@ -28,6 +28,7 @@ def curve(config: Mapping[str, Any], data: Dataset, ctx: TrialContext) -> Iterat
         fail_once_at: Epoch at which the first attempt raises ``RuntimeError``.
         stop_at: Epoch after which it stops on its own (early stopping).
         sleep: Seconds to wait after each epoch.
+        save_every: Write the state only every this many epochs (1, 1 + n, ...).
         trace_dir, wait_for, oom_below_share: see :func:`_traced` (placement tests).
     """
     if any(key in config for key in _TRACE_KEYS):
@@ -46,7 +47,8 @@ def curve(config: Mapping[str, Any], data: Dataset, ctx: TrialContext) -> Iterat
         loss = 1.0 - accuracy
         if float(config.get("lr", 0.0)) > 1.0 and epoch >= 2:
             loss = float("nan")
-        if ctx.checkpoint_dir is not None:
+        every = int(config.get("save_every", 1))
+        if ctx.checkpoint_dir is not None and (epoch - 1) % every == 0:
             (Path(ctx.checkpoint_dir) / "state.json").write_text(json.dumps({"epoch": epoch}))
         yield {"val_accuracy": accuracy, "val_loss": loss}
         if config.get("stop_at") == epoch:
@@ -136,6 +138,7 @@ HOSTILE_MODES = (
     "none",
     "string",
     "nothing",
+    "keyerror",
 )
 """The ordinary mistakes of a user's trainable that :func:`hostile` makes, one per ``mode``."""
 
@@ -147,13 +150,16 @@ def hostile(config: Mapping[str, Any], data: Dataset, ctx: TrialContext) -> Iter
     at epoch 2. ``numpy_scalars``: ``np.float32`` and 0-d array values, all finite. ``typo``:
     ``accuracy`` instead of ``val_accuracy``. ``every_other``: the objective on odd epochs
     only. ``none``: the objective is ``None`` at epoch 2. ``string``: the objective is a
-    string. ``nothing``: yields no epoch at all.
+    string. ``nothing``: yields no epoch at all. ``keyerror``: reads a config key the space
+    does not have (``learning_rate``).
     """
     import numpy as np
 
     mode = str(config.get("mode", "ok"))
     if mode == "nothing":
         return
+    if mode == "keyerror":
+        config["learning_rate"]  # noqa: B018  (a key the space misspelled)
     for epoch in range(ctx.start_epoch, ctx.max_epochs + 1):
         accuracy = 0.5 + 0.1 * epoch
         metrics: dict[str, Any] = {"val_accuracy": accuracy, "val_loss": 1.0 - accuracy}

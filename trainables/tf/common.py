@@ -49,7 +49,7 @@ def read_config(
     """:func:`trainables.knobs.read_config`, plus Keras' limit of one clipping option."""
     cfg = _read_config(config, defaults, choices)
     if cfg.get("clip_norm") and cfg.get("clip_value"):
-        raise ValueError("set clip_norm or clip_value, not both (a Keras optimizer takes one)")
+        raise ConfigError("set clip_norm or clip_value, not both (a Keras optimizer takes one)")
     return cfg
 
 
@@ -61,7 +61,7 @@ def set_seed(seed: int) -> None:
 def check_precision(precision: str, device: str) -> None:
     """Raises the one-line error for fp16 without a GPU (no loss-scaled fp16 kernels on CPU)."""
     if precision == "fp16" and device != "cuda":
-        raise ValueError("precision fp16 needs a GPU; use bf16 or fp32 on CPU")
+        raise ConfigError("precision fp16 needs a GPU; use bf16 or fp32 on CPU")
 
 
 def setup(

@@ -158,7 +158,7 @@ def clip_gradients(
 def check_precision(precision: str, device: torch.device) -> None:
     """Raises the one-line error for fp16 on CPU (no GradScaler, no fp16 kernels there)."""
     if precision == "fp16" and device.type != "cuda":
-        raise ValueError("precision fp16 needs a CUDA device; use bf16 or fp32 on CPU")
+        raise ConfigError("precision fp16 needs a CUDA device; use bf16 or fp32 on CPU")
 
 
 def autocast(precision: str, device: torch.device) -> contextlib.AbstractContextManager[Any]:

@@ -1,0 +1,100 @@
+"""Stopping a run: at its time limit, or early when the user's code fails every trial alike.
+
+A typo in a space key (``KeyError: 'alpah'``) or a metric name fails every trial. Rather than
+spend the whole budget on it, the run stops once the first :data:`FIRST` trials all failed by
+their code with the same reason, and says so in one line with the traceback's path. NaN
+losses do not count: on an unstable space they are an answer, not a bug.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from ray.tune.stopper import Stopper
+
+if TYPE_CHECKING:
+    from search.run.bridge import Outcome
+
+FIRST = 3
+"""How many first trials must fail the same way before the run stops."""
+
+
+def _same(reason: str) -> str:
+    """The reason without epoch numbers, so ``... at epoch 1`` and ``at epoch 2`` match."""
+    return re.sub(r"\bepoch \d+", "epoch N", reason)
+
+
+class FailFast:
+    """Watches the first trials of a run (a bridge listener); :attr:`verdict` says why to stop.
+
+    Args:
+        first: How many trials to watch (fewer when the budget is smaller).
+
+    Example:
+        >>> from search.run.bridge import Outcome
+        >>> watch = FailFast(first=2)
+        >>> for n in range(2):
+        ...     watch(Outcome(n, "FAIL", "KeyError: 'lr'", "/t/traceback.txt", code_error=True))
+        >>> watch.verdict
+        "the first 2 trials failed the same way: KeyError: 'lr' (traceback: /t/traceback.txt)"
+    """
+
+    def __init__(self, first: int = FIRST) -> None:
+        self._first = max(1, first)
+        self._seen: list[Outcome] = []
+        self.verdict: str | None = None
+
+    def __call__(self, outcome: Outcome) -> None:
+        if len(self._seen) >= self._first:
+            return
+        self._seen.append(outcome)
+        if len(self._seen) < self._first:
+            return
+        reasons = {_same(o.reason or "") for o in self._seen}
+        if all(o.state == "FAIL" and o.code_error for o in self._seen) and len(reasons) == 1:
+            where = next((o.traceback for o in self._seen if o.traceback), None)
+            self.verdict = (f"the first {self._first} trials failed the same way: "
+                            f"{self._seen[0].reason}" + (f" (traceback: {where})" if where else ""))
+
+
+class RunStopper(Stopper):
+    """Ends the study at ``budget.time_limit_s`` or on a fail-fast verdict, and tells the bridge
+    which running trials it cut.
+
+    Ray's own ``time_budget_s`` stops trials with a result that looks like any finished one,
+    so the study could not tell a trial cut by the clock from one that ended by itself.
+
+    Args:
+        seconds: The wall-clock budget, counted from construction (``None``: no limit).
+        on_stop: Receives the Ray trial id of every trial the deadline stops.
+        abort: Says why the run must stop now (``None``: go on).
+    """
+
+    def __init__(self, seconds: float | None, on_stop: Callable[[str], None],
+                 abort: Callable[[], str | None] = lambda: None) -> None:
+        self._deadline = time.monotonic() + seconds if seconds is not None else None
+        self._on_stop = on_stop
+        self._abort = abort
+        self._seen: dict[str, Any] = {}  # trial id -> the last iteration it reported
+
+    @property
+    def expired(self) -> bool:
+        """Whether the time limit has passed."""
+        return self._deadline is not None and time.monotonic() >= self._deadline
+
+    def __call__(self, trial_id: str, result: dict) -> bool:
+        # When a trial's generator returns, Tune hands its last result in once more; that
+        # trial ended by itself (early stopping, the budget), whatever the clock says.
+        iteration = result.get("training_iteration")
+        repeated = iteration is not None and self._seen.get(trial_id) == iteration
+        self._seen[trial_id] = iteration
+        if repeated or not self.expired:
+            return False
+        self._on_stop(trial_id)
+        return True
+
+    def stop_all(self) -> bool:
+        return self.expired or self._abort() is not None
