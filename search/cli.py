@@ -9,6 +9,7 @@ ends in one line on stderr and exit status 2, never a traceback.
 from __future__ import annotations
 
 import functools
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -135,6 +136,9 @@ def _no_trial_completed(study: Any, states: dict[int, str]) -> None:
 def trials_cmd(
     study: Annotated[str, typer.Argument(help="Study name.")],
     storage: StorageOpt = DEFAULT_STORAGE,
+    metrics: Annotated[
+        str, typer.Option(help="Metrics to show beside the objective: a,b or all.")
+    ] = "",
 ) -> None:
     """Print a study's trials as a table."""
     from search.record.study import load_study
@@ -142,7 +146,8 @@ def trials_cmd(
     from search.run.preflight import check_storage
 
     check_storage(storage, "--storage")
-    print_trials(console, load_study(study, storage))
+    names = [m.strip() for m in metrics.split(",") if m.strip()]
+    print_trials(console, load_study(study, storage), names)
 
 
 @app.command()
@@ -265,4 +270,7 @@ def train(
 
 def main() -> None:
     """Entry point of ``python -m search`` and the ``search`` script."""
+    # TensorFlow's C++ start-up notes (oneDNN, CUDA probing) are not the user's business; its
+    # warnings and errors still show.
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
     app()

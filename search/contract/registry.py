@@ -83,6 +83,31 @@ def check_trainable(name: str) -> None:
         raise UnknownTrainableError(f"trainable module {module!r} cannot be imported")
 
 
+def resolve_function(name: str, what: str = "function") -> Any:
+    """Imports ``package.module:function`` and returns the function.
+
+    Raises:
+        UnknownTrainableError: One line naming what is missing (module or function).
+
+    Example:
+        >>> resolve_function("search.testing:curve").__name__
+        'curve'
+    """
+    module_name, sep, func_name = name.partition(":")
+    if not sep or not module_name or not func_name.isidentifier():
+        raise UnknownTrainableError(f"{what} {name!r}: expected 'package.module:function'")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise UnknownTrainableError(f"{what} {name!r}: cannot import {module_name!r} "
+                                    f"({type(exc).__name__}: {exc})") from None
+    fn = getattr(module, func_name, None)
+    if not callable(fn):
+        raise UnknownTrainableError(f"{what} {name!r}: module {module_name!r} has no function "
+                                    f"{func_name!r}")
+    return fn
+
+
 @dataclass(frozen=True)
 class Declarations:
     """What a trainable's module declares (module docstring).

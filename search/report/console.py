@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from rich.table import Table
 
+from search.errors import SearchError
 from search.record.queries import best_trial, state_counts, trials_frame
 
 if TYPE_CHECKING:
@@ -46,13 +48,29 @@ def print_summary(console: Console, study: optuna.Study, summary: RunSummary, fo
     console.print(f"results in {folder}/ (trials.csv, best.yaml)")
 
 
-def print_trials(console: Console, study: optuna.Study) -> None:
-    """Every trial of ``study`` as one table row."""
+class UnknownMetricError(SearchError):
+    """``trials --metrics`` names a metric no trial yielded."""
+
+
+def print_trials(console: Console, study: optuna.Study, metrics: Sequence[str] = ()) -> None:
+    """Every trial of ``study`` as one table row, with the last epoch's value of each of
+    ``metrics`` (``["all"]``: every metric the trials yielded).
+
+    Raises:
+        UnknownMetricError: When a named metric is not in the study (one line).
+    """
     frame = trials_frame(study)
     table = Table(title=f"{study.study_name}: {len(frame)} trials")
-    columns = [c for c in frame.columns if c not in ("ray_trial_id",)]
+    known = [c.removeprefix("metric_") for c in frame.columns if c.startswith("metric_")]
+    wanted = known if list(metrics) == ["all"] else list(metrics)
+    missing = [m for m in wanted if m not in known]
+    if missing:
+        raise UnknownMetricError(f"--metrics: no trial of {study.study_name!r} yielded "
+                                 f"{missing[0]!r} (known: {', '.join(known) or 'none'})")
+    hidden = {"ray_trial_id", "traceback"} | {f"metric_{m}" for m in known if m not in wanted}
+    columns = [c for c in frame.columns if c not in hidden]
     for column in columns:
-        table.add_column(column.removeprefix("param_"), overflow="fold")
+        table.add_column(column.removeprefix("param_").removeprefix("metric_"), overflow="fold")
     for row in frame[columns].itertuples(index=False):
         table.add_row(*(_fmt(v) for v in row))
     console.print(table)

@@ -33,6 +33,7 @@ FIGURES: tuple[tuple[str, str], ...] = (
     ("parallel-coordinate", "Parallel coordinates"),
     ("slice", "Slice plots"),
     ("timeline", "Timeline"),
+    ("metrics", "Every metric the trials yielded, per epoch"),
 )
 """``(id, title)`` of each figure, in page order; the id is the plotly div's and the PNG's name."""
 
@@ -147,8 +148,9 @@ def learning_curves(study: optuna.Study) -> go.Figure:
 
 
 def plotly_figures(study: optuna.Study) -> dict[str, Any]:
-    """Each of :data:`FIGURES` as a plotly figure (slices: a list, a row of parameters
-    each), or the one-line reason it is missing."""
+    """Each of :data:`FIGURES` drawn from the study alone as a plotly figure (slices: a list,
+    a row of parameters each), or the one-line reason it is missing (``metrics`` comes from
+    ``epochs.csv``: :func:`metric_curves`)."""
     from optuna import visualization as vis
 
     makers: dict[str, Callable[[], go.Figure]] = {
@@ -159,7 +161,7 @@ def plotly_figures(study: optuna.Study) -> dict[str, Any]:
         "slice": lambda: slice_rows(study),
         "timeline": lambda: vis.plot_timeline(study),
     }
-    return {name: _attempt(makers[name]) for name, _ in FIGURES}
+    return {name: _attempt(make) for name, make in makers.items()}
 
 
 SLICES_PER_ROW = 4
@@ -249,8 +251,8 @@ def write_pngs(study: optuna.Study, folder: Path) -> dict[str, Path | str]:
     }
     folder.mkdir(parents=True, exist_ok=True)
     written: dict[str, Path | str] = {}
-    for name, _ in FIGURES:
-        ax = _attempt(makers[name])
+    for name, make in makers.items():
+        ax = _attempt(make)
         if isinstance(ax, str):
             written[name] = ax
             continue
@@ -264,3 +266,24 @@ def write_pngs(study: optuna.Study, folder: Path) -> dict[str, Path | str]:
         written[name] = path
     plt.close("all")
     return written
+
+
+def metric_curves(table: Path) -> list[Any] | str:
+    """One figure per metric of ``epochs.csv`` (:data:`search.record.queries.EPOCHS_FILE`):
+    each trial's curve of that metric, so any metric the trainable yields can be read."""
+    import pandas as pd
+    import plotly.graph_objects as go
+
+    if not table.is_file():
+        return "no per-epoch table (epochs.csv) beside the report"
+    frame = pd.read_csv(table)
+    figures = []
+    for metric, rows in frame.groupby("metric", sort=True):
+        fig = go.Figure()
+        for trial, curve in rows.groupby("trial"):
+            curve = curve.sort_values("epoch")
+            fig.add_trace(go.Scatter(x=curve["epoch"], y=curve["value"], mode="lines+markers",
+                                     name=f"#{trial}", marker={"size": 4}))
+        fig.update_layout(title=str(metric), xaxis_title="epoch", yaxis_title=str(metric))
+        figures.append(fig)
+    return figures or "the per-epoch table is empty"

@@ -19,9 +19,10 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from search.record.queries import EPOCHS_FILE
 from search.record.storage import open_storage
 from search.record.study import CONFIRM_SUFFIX, load_study
-from search.report.figures import FIGURES, plotly_figures, spec_of, write_pngs
+from search.report.figures import FIGURES, metric_curves, plotly_figures, spec_of, write_pngs
 
 if TYPE_CHECKING:
     import optuna
@@ -224,7 +225,8 @@ def render(
             parts.append(f"<p class='note' id='{name}-missing'>{html.escape(drawn)}</p>")
             continue
         for i, figure in enumerate(drawn if isinstance(drawn, list) else [drawn]):
-            figure.update_layout(height=520 if name != "slice" else 400, margin={"t": 60})
+            figure.update_layout(height=400 if name in ("slice", "metrics") else 520,
+                                 margin={"t": 60})
             parts.append(
                 "<div class='fig'>"
                 + figure.to_html(
@@ -249,7 +251,8 @@ def write_report(
     """Writes ``results_dir/<study>/report.html`` and ``figures/*.png``; returns the HTML path."""
     folder = Path(results_dir) / study.study_name
     folder.mkdir(parents=True, exist_ok=True)
-    page = render(study, plotly_figures(study), confirm)
+    figures = {**plotly_figures(study), "metrics": metric_curves(folder / EPOCHS_FILE)}
+    page = render(study, figures, confirm)
     path = folder / "report.html"
     path.write_text(page, encoding="utf-8")
     write_pngs(study, folder / "figures")

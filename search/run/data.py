@@ -2,16 +2,48 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
-from search.contract.dataset import Dataset, image_folder, load_digits
+from search.contract import UnknownTrainableError
+from search.contract.dataset import image_folder, load_digits
+from search.contract.registry import resolve_function
+from search.errors import SearchError
+from search.record.fate import error_summary
 
 if TYPE_CHECKING:
     from search.spec.schema import DataSpec
 
 
-def load_data(spec: DataSpec) -> Dataset:
-    """Loads the dataset that a validated :class:`~search.spec.schema.DataSpec` names."""
+class DataError(SearchError):
+    """The spec's data cannot be loaded (one line)."""
+
+
+def load_data(spec: DataSpec) -> Any:
+    """Loads the data a validated :class:`~search.spec.schema.DataSpec` names: a built-in
+    :class:`Dataset`, or whatever the spec's ``loader`` returns (called once, here).
+
+    Raises:
+        DataError: When the loader cannot be found, or raises.
+    """
+    if spec.loader is not None:
+        fn = loader_function(spec.loader)
+        try:
+            return fn(**spec.args)
+        except Exception as exc:
+            raise DataError(f"data.loader: {spec.loader}(**args) raised {error_summary(exc)}; "
+                            "call it by hand to see the traceback") from exc
     if spec.name == "image_folder":
         return image_folder(spec.path or "", spec.image_size)
     return load_digits(spec.val_fraction, spec.split_seed)
+
+
+def loader_function(name: str) -> Any:
+    """The spec's ``loader`` function, imported.
+
+    Raises:
+        DataError: When its module or function is missing.
+    """
+    try:
+        return resolve_function(name, "data.loader")
+    except UnknownTrainableError as exc:
+        raise DataError(str(exc)) from None

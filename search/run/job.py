@@ -50,14 +50,14 @@ def trial_extras(
         **(placement.extras() if placement else {}),
         "profile": spec.profile,
         "profile_trial": spec.profile_trial,
-        "data_path": data.path,
-        "image_size": data.image_size,
+        "data_path": getattr(data, "path", None),
+        "image_size": getattr(data, "image_size", None),
         "val_fraction": spec.data.val_fraction,
         "split_seed": spec.data.split_seed,
     }
 
 
-def trial_job(spec: StudySpec, data: Dataset, placement: Placement | None = None) -> TrialJob:
+def trial_job(spec: StudySpec, data: Any, placement: Placement | None = None) -> TrialJob:
     """The job of ``spec``'s trials; without ``placement``, one process of ``cpus_per_trial``
     threads (a run outside Ray Tune: confirmation, ``train``)."""
     if placement is None:

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 from search.errors import SearchError
 from search.record.storage import expand, redact, with_driver
 from search.run.cluster import init_ray, use_cluster_token
+from search.run.data import DataError, loader_function
 from search.spec.knobs import check_knobs
 
 if TYPE_CHECKING:
@@ -129,6 +130,12 @@ def check_data(spec: StudySpec, field: str = "data") -> None:
     on every node that runs trials; only the driver's machine can be checked here.)
     """
     data = spec.data
+    if data.loader is not None:
+        try:
+            loader_function(data.loader)
+        except DataError as exc:
+            raise PreflightError(f"{field}.loader: {str(exc).split(': ', 1)[-1]}") from None
+        return
     for name in type(data).model_fields:
         value = getattr(data, name)
         if value is None or not (name == "path" or isinstance(value, Path)):

@@ -44,8 +44,12 @@ class DataSpec(_Strict):
     """Which data to train on and how to split it.
 
     ``digits`` is scikit-learn's 8x8 handwritten digits (shipped offline). ``image_folder``
-    is a folder with one subfolder of images per class; each trainable reads it with its
-    framework's own reader, so ``path`` must exist on every node that runs trials.
+    is a folder with one subfolder of images per class, read inside each trial, so ``path``
+    must exist on every node that runs trials. ``loader: package.module:function`` names a
+    function of yours that the driver calls once, with ``args`` as keyword arguments; whatever
+    it returns (arrays, a DataFrame, a dict of tensors: anything picklable) reaches every trial
+    as its ``data``, through Ray's object store. ``val_fraction`` and ``split_seed`` are for the
+    built-in datasets; a loader splits its data itself.
     """
 
     name: Literal["digits", "image_folder"] = "digits"
@@ -53,9 +57,24 @@ class DataSpec(_Strict):
     image_size: int | None = Field(None, ge=8, le=1024)
     val_fraction: float = Field(0.2, gt=0.0, lt=1.0)
     split_seed: int = 0
+    loader: str | None = Field(None, pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
+    args: dict[str, Any] = Field(default_factory=dict)
+
+    @property
+    def label(self) -> str:
+        """What the data is, for people: the loader's name, or the built-in dataset's."""
+        return self.loader or self.name
 
     @model_validator(mode="after")
     def _path_when_needed(self) -> DataSpec:
+        if self.loader is not None:
+            given = sorted(self.model_fields_set & {"name", "path", "image_size"})
+            if given:
+                raise ValueError(f"data.{given[0]}: a loader loads its own data; remove "
+                                 f"{given[0]} (pass what the loader needs in args)")
+            return self
+        if self.args:
+            raise ValueError("data.args: args are for a loader; name one with loader")
         if self.name == "image_folder" and not self.path:
             raise ValueError("data.path: image_folder needs the folder's path")
         if self.name == "digits" and self.path:
@@ -192,6 +211,11 @@ class StudySpec(_Strict):
     def to_dict(self) -> dict[str, Any]:
         """The spec as plain YAML/JSON-ready data (round-trips through validation)."""
         data = self.model_dump(mode="json", exclude_none=True)
+        if self.data.loader is not None:  # the built-in name does not apply
+            for key in ("name", "val_fraction", "split_seed"):
+                data["data"].pop(key, None)
+        if not self.data.args:
+            data["data"].pop("args", None)
         if self.sampler.seed is None:  # an unseeded sampler, not the default seed 0
             data["sampler"]["seed"] = None
         return data
@@ -202,7 +226,8 @@ def _error_line(exc: ValidationError) -> tuple[str, str]:
     err = exc.errors()[0]
     loc = ".".join(str(part) for part in err["loc"])
     msg = str(err["msg"]).removeprefix("Value error, ")
-    if not loc and _FIELD_PREFIX.match(msg):  # whole-spec checks name their field first
+    # whole-spec and block checks name their field first
+    if _FIELD_PREFIX.match(msg) and (not loc or msg.startswith(f"{loc}.")):
         loc, msg = msg.split(": ", 1)
     if err["type"] == "extra_forbidden":
         msg = "unknown key"

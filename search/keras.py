@@ -1,0 +1,231 @@
+"""A user's Keras ``model.fit`` as a trainable: one ``fit`` call, one yield per epoch.
+
+A trainable builds and compiles its own Keras 3 model (TensorFlow backend) and hands the rest
+to :func:`fit`::
+
+    import search.keras
+
+    def train(config, data, ctx):
+        search.keras.set_threads(ctx)      # optional; only works before TF's first op
+        model = build(config)              # the user's own Keras model, compiled
+        yield from search.keras.fit(
+            model, ctx, x_train, y_train,
+            validation_data=(x_val, y_val), batch_size=config["batch_size"],
+        )
+
+    def export(config, data, ctx, out_dir):  # the export hook: train to the end, save
+        return search.keras.train_and_save(train, config, data, ctx, out_dir)
+
+**Why a thread.** A generator must pause at ``yield``; ``model.fit`` only calls back. So
+:func:`fit` runs the unchanged ``model.fit`` once, in a background thread, and a last
+callback hands each epoch's logs to the generator and then *waits* until the generator is
+asked for the next epoch, as if ``fit`` were paused at a ``yield``. Only one thread works at
+a time and no epoch runs ahead of the study. Closing the generator (ASHA's prune, the epoch
+budget) sets ``model.stop_training``, releases the callback and joins the thread; an exception
+in ``fit`` is raised in the caller. Because ``fit`` runs once, user callbacks such as
+``EarlyStopping`` keep their state across epochs; when one stops training the generator ends.
+Nothing in Keras 3 or TensorFlow needs the main thread (Ray Tune already runs trainables off
+it), but Keras and TF keep some *scopes* per thread: ``with tf.device(...)``, strategy and
+``custom_object_scope`` blocks around ``yield from fit(...)`` do not reach the fit thread, and
+a global dtype policy must be set before the model is built (as Keras wants anyway).
+
+**Checkpoints.** With ``ctx.checkpoint_dir`` every epoch end writes, before its logs are
+handed out, ``model.weights.h5`` (``model.save_weights``: weights and the optimizer's
+variables, its step count included) and ``state.json`` (the epoch and the patience counters
+of the user's callbacks). Weights, not a ``model.keras`` archive: they need no serializable
+model config (subclassed models often have none), and the user's own model object is
+restored in place. With ``ctx.restore_dir`` :func:`fit` loads them before ``fit`` (so the
+model must be built, e.g. start with ``keras.Input``, as Keras' own ``BackupAndRestore``
+requires), sets the counters back after the callbacks' ``on_train_begin``, and continues at
+``ctx.start_epoch``. ``EarlyStopping``'s ``best_weights`` and the data order are not restored.
+"""
+
+from __future__ import annotations
+
+import json
+import queue
+import threading
+from collections.abc import Generator, Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from search.contract import Metrics, TrainFn, TrialContext, as_metrics, train_to_end
+from search.contract.driver import as_number
+
+if TYPE_CHECKING:
+    from search.contract import Dataset
+
+WEIGHTS_FILE = "model.weights.h5"
+STATE_FILE = "state.json"
+MODEL_FILE = "model.keras"
+_COUNTERS = ("wait", "best", "best_epoch", "stopped_epoch", "cooldown_counter")
+"""Attributes of Keras' EarlyStopping and ReduceLROnPlateau that carry their patience."""
+
+
+def set_threads(ctx: TrialContext) -> bool:
+    """Sets TensorFlow's intra- and inter-op thread pools to ``ctx.num_threads``.
+
+    Returns:
+        ``False`` when TensorFlow had already started (the pools are then left as they are).
+    """
+    import tensorflow as tf
+
+    threads = max(1, int(ctx.num_threads))
+    try:
+        tf.config.threading.set_intra_op_parallelism_threads(threads)
+        tf.config.threading.set_inter_op_parallelism_threads(threads)
+    except RuntimeError:
+        return False
+    return True
+
+
+def fit(
+    model: Any, ctx: TrialContext, *args: Any, callbacks: Sequence[Any] = (), **fit_kwargs: Any
+) -> Generator[Metrics, None, None]:
+    """Runs ``model.fit(*args, **fit_kwargs)`` once over the trial's epochs, yielding each.
+
+    ``fit`` gets ``epochs=ctx.max_epochs``, ``initial_epoch=ctx.start_epoch - 1``,
+    ``verbose=0`` (unless given) and ``callbacks`` plus the adapter's own. The model is put
+    into ``ctx.extras["model_out"]`` when that is a dict (for :func:`train_to_end`).
+
+    Yields:
+        Each epoch's Keras logs (``loss``, ``val_loss``, ...), every number a Python float.
+
+    Raises:
+        TypeError: When ``epochs`` or ``initial_epoch`` is given (the context sets them).
+        ValueError: When ``ctx.restore_dir`` is set and the model is not built.
+        Exception: Whatever ``model.fit`` raised, in the caller.
+    """
+    if clash := sorted({"epochs", "initial_epoch"} & fit_kwargs.keys()):
+        raise TypeError(f"search.keras.fit sets {', '.join(clash)} from the trial's context")
+    set_threads(ctx)
+    out = ctx.extras.get("model_out")
+    if isinstance(out, dict):
+        out["model"] = model
+    handoff = _Handoff(model, ctx, list(callbacks))
+    if ctx.restore_dir:
+        handoff.load_weights(Path(ctx.restore_dir))
+    kwargs = {"verbose": 0, **fit_kwargs, "callbacks": handoff.callbacks()}
+    kwargs.update(epochs=ctx.max_epochs, initial_epoch=ctx.start_epoch - 1)
+    name = f"keras-fit-{ctx.trial_number}"
+    thread = threading.Thread(target=handoff.run, args=(args, kwargs), name=name, daemon=True)
+    thread.start()
+    try:
+        yield from handoff.epochs()
+    finally:
+        handoff.stop()
+        thread.join()
+
+
+class _Handoff:
+    """The fit thread's callbacks and the two queues that pass control to and fro."""
+
+    def __init__(self, model: Any, ctx: TrialContext, user_callbacks: list[Any]) -> None:
+        self.model, self.ctx, self.user_callbacks = model, ctx, user_callbacks
+        self.events: queue.Queue[tuple[str, Any]] = queue.Queue()  # fit thread -> caller
+        self.resume: queue.Queue[bool] = queue.Queue()  # caller -> fit thread: go on?
+
+    def callbacks(self) -> list[Any]:
+        """The user's callbacks, then the hand-off (which sees their ``on_epoch_end`` done)."""
+        from keras.callbacks import LambdaCallback
+
+        last = LambdaCallback(
+            on_train_begin=lambda logs=None: self._load_counters(),
+            on_epoch_end=self._epoch_end,
+        )
+        return [*self.user_callbacks, last]
+
+    def run(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        """The fit thread: ``model.fit``, then ``done`` (or the ``error`` it raised)."""
+        try:
+            self.model.fit(*args, **kwargs)
+        except BaseException as error:  # re-raised in the caller
+            self.events.put(("error", error))
+        else:
+            self.events.put(("done", None))
+
+    def epochs(self) -> Iterator[Metrics]:
+        """The caller's side: each epoch's logs until ``fit`` returns or raises."""
+        while True:
+            kind, payload = self.events.get()
+            if kind == "error":
+                raise payload
+            if kind == "done":
+                return
+            yield payload
+            self.resume.put(True)
+
+    def stop(self) -> None:
+        """Stops ``fit`` after its current batch and releases a waiting epoch end."""
+        self.model.stop_training = True
+        self.resume.put(False)
+
+    def _epoch_end(self, epoch: int, logs: Mapping[str, Any] | None = None) -> None:
+        metrics = {k: v for k, v in as_metrics(logs or {}).items() if isinstance(v, float)}
+        if self.ctx.checkpoint_dir:
+            self._save(epoch + 1, Path(self.ctx.checkpoint_dir))
+        self.events.put(("epoch", metrics))
+        if not self.resume.get():  # wait, like a generator paused at its yield
+            self.model.stop_training = True
+
+    def _save(self, epoch: int, folder: Path) -> None:
+        folder.mkdir(parents=True, exist_ok=True)
+        self.model.save_weights(folder / WEIGHTS_FILE, overwrite=True)
+        counters = [_counters(cb) for cb in self.user_callbacks]
+        (folder / STATE_FILE).write_text(json.dumps({"epoch": epoch, "callbacks": counters}))
+
+    def load_weights(self, folder: Path) -> None:
+        """The model's weights and optimizer variables, as :meth:`_save` wrote them."""
+        model = self.model
+        if not model.built:
+            raise ValueError(
+                "search.keras.fit: a restored trial needs a built model "
+                "(start it with keras.Input, or call model.build(input_shape))"
+            )
+        with model.distribute_strategy.scope():  # mirrored variables when it has replicas
+            if not model.optimizer.built:  # its variables must exist to be loaded
+                model.optimizer.build(model.trainable_variables)
+            model.load_weights(folder / WEIGHTS_FILE)
+
+    def _load_counters(self) -> None:
+        """After the user's callbacks reset themselves in ``on_train_begin``."""
+        if not self.ctx.restore_dir:
+            return
+        state = json.loads((Path(self.ctx.restore_dir) / STATE_FILE).read_text())
+        for cb, counters in zip(self.user_callbacks, state["callbacks"], strict=False):
+            for key, value in counters.items():
+                setattr(cb, key, value)
+
+
+def _counters(callback: Any) -> dict[str, int | float]:
+    """The patience counters ``callback`` has (ints stay ints, for JSON)."""
+    found = {k: getattr(callback, k, None) for k in _COUNTERS}
+    return {
+        k: v if isinstance(v, int) and not isinstance(v, bool) else number
+        for k, v in found.items()
+        if (number := as_number(v)) is not None
+    }
+
+
+def save_model(model: Any, out_dir: str | Path) -> Path:
+    """Saves ``model`` as ``out_dir/model.keras`` (reload with ``keras.models.load_model``).
+
+    A subclassed model needs ``get_config`` for this format (Keras raises otherwise).
+    """
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    model.save(out / MODEL_FILE)
+    return out / MODEL_FILE
+
+
+def train_and_save(
+    train: TrainFn, config: Mapping[str, Any], data: Dataset, ctx: TrialContext, out_dir: Path
+) -> Metrics:
+    """An export hook in one call: :func:`train_to_end` with ``train``, then :func:`save_model`.
+
+    ``train`` must use :func:`fit` (which hands its model out). Returns the last epoch's
+    metrics plus ``epochs``, the number of epochs trained.
+    """
+    handle, last, epochs = train_to_end(train, config, data, ctx)
+    save_model(handle["model"], out_dir)
+    return {**last, "epochs": float(epochs)}
