@@ -1,4 +1,5 @@
-"""The command line: ``run``, ``trials``, ``dashboard``, ``export``, ``report`` and ``train``.
+"""The command line: ``run``, ``trials``, ``dashboard``, ``export``, ``report``, ``train`` and
+``check``.
 
 The top layer: it calls :mod:`search.handover`, :mod:`search.report` and :mod:`search.run`.
 Those modules import Ray, Optuna or PyTorch when they are imported, so each command imports
@@ -107,8 +108,11 @@ def run(
     print_summary(console, done, summary, folder)
     _report_after_run(done.study_name, parsed.storage, results)
     if summary.stopped_early:
-        typer.echo(f"error: {summary.stopped_early}; fix it and run again (the run stopped "
-                   "early, before its budget)", err=True)
+        typer.echo(
+            f"error: {summary.stopped_early}; fix it and run again (the run stopped "
+            "early, before its budget)",
+            err=True,
+        )
         raise typer.Exit(2)
     if summary.states and "COMPLETE" not in summary.states.values():
         _no_trial_completed(done, summary.states)
@@ -266,6 +270,25 @@ def train(
         )
         if diff > tolerance:
             raise typer.Exit(1)
+
+
+@app.command()
+@one_line_errors
+def check(
+    bundle: Annotated[Path, typer.Argument(help="An export bundle folder (model.onnx).")],
+) -> None:
+    """Run a bundle's model.onnx with onnxruntime on its declared inputs; no trainable imported."""
+    from search.handover.check import BundleCheckFailed, check_bundle
+
+    try:
+        lines = check_bundle(bundle)
+    except BundleCheckFailed as exc:
+        for line in exc.lines:
+            console.print(line, markup=False)
+        typer.echo(f"MISMATCH: {one_line(str(exc))}", err=True)
+        raise typer.Exit(1) from None
+    for line in lines:
+        console.print(line, markup=False)
 
 
 def main() -> None:

@@ -155,14 +155,22 @@ def test_dashboard_on_other_host_warns_and_busy_port_fails(tmp_path: Path) -> No
 
 @pytest.mark.slow
 def test_a_run_where_no_trial_completes_exits_1_with_the_reason(tmp_path: Path) -> None:
-    spec = base_spec(tmp_path, study="nan", budget={"trials": 2, "max_epochs": 3},
-                     fixed={"lr": 2.0}, asha={"enabled": False})  # lr > 1: NaN at epoch 2
-    proc = _cli("run", str(write_spec(tmp_path / "nan.yaml", spec)),
-                "--results", str(tmp_path / "results"))
+    spec = base_spec(
+        tmp_path,
+        study="nan",
+        budget={"trials": 2, "max_epochs": 3},
+        fixed={"lr": 2.0},
+        asha={"enabled": False},
+    )  # lr > 1: NaN at epoch 2
+    proc = _cli(
+        "run", str(write_spec(tmp_path / "nan.yaml", spec)), "--results", str(tmp_path / "results")
+    )
     assert proc.returncode == 1, proc.stderr
     last = proc.stderr.strip().splitlines()[-1]
-    assert last == ("error: no trial of this run completed (2 of 2 failed; first failure: "
-                    "val_loss is nan at epoch 2); see `python -m search trials nan`")
+    assert last == (
+        "error: no trial of this run completed (2 of 2 failed; first failure: "
+        "val_loss is nan at epoch 2); see `python -m search trials nan`"
+    )
     assert "Traceback" not in proc.stderr + proc.stdout
 
 
@@ -170,18 +178,27 @@ def test_a_run_where_no_trial_completes_exits_1_with_the_reason(tmp_path: Path) 
 def test_code_that_fails_every_trial_alike_stops_the_run_early_in_one_line(
     tmp_path: Path,
 ) -> None:
-    spec = base_spec(tmp_path, study="key", trainable="search.testing:hostile",
-                     budget={"trials": 12, "max_epochs": 2}, fixed={"mode": "keyerror"},
-                     faults={"max_failures": 2})
-    proc = _cli("run", str(write_spec(tmp_path / "key.yaml", spec)),
-                "--results", str(tmp_path / "results"))
+    spec = base_spec(
+        tmp_path,
+        study="key",
+        trainable="search.testing:hostile",
+        budget={"trials": 12, "max_epochs": 2},
+        fixed={"mode": "keyerror"},
+        faults={"max_failures": 2},
+    )
+    proc = _cli(
+        "run", str(write_spec(tmp_path / "key.yaml", spec)), "--results", str(tmp_path / "results")
+    )
     assert proc.returncode == 2, proc.stderr
     last = proc.stderr.strip().splitlines()[-1]
-    assert last.startswith("error: the first 3 trials failed the same way: KeyError: "
-                           "'learning_rate' (not retried: it fails the same way every time) "
-                           "(traceback: ")
-    assert last.endswith("traceback.txt); fix it and run again (the run stopped early, "
-                         "before its budget)")
+    assert last.startswith(
+        "error: the first 3 trials failed the same way: KeyError: "
+        "'learning_rate' (not retried: it fails the same way every time) "
+        "(traceback: "
+    )
+    assert last.endswith(
+        "traceback.txt); fix it and run again (the run stopped early, before its budget)"
+    )
     path = last.split("(traceback: ")[1].split(")")[0]
     assert "KeyError: 'learning_rate'" in Path(path).read_text()
     trials = optuna.load_study(study_name="key", storage=spec["storage"]).trials
@@ -200,5 +217,6 @@ def test_a_misspelled_trainable_function_exits_2_at_once(tmp_path: Path) -> None
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [
         f"error: {tmp_path / 's.yaml'}: trainable: trainable 'search.testing:cruve': module "
-        "'search.testing' has no function 'cruve'"]
+        "'search.testing' has no function 'cruve'"
+    ]
     assert not (tmp_path / "optuna.db").exists()

@@ -24,9 +24,14 @@ EXAMPLES = {
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "search", *args], cwd=REPO, text=True,
-                          capture_output=True, timeout=600,
-                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    return subprocess.run(
+        [sys.executable, "-m", "search", *args],
+        cwd=REPO,
+        text=True,
+        capture_output=True,
+        timeout=600,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
 
 
 @pytest.mark.parametrize("example", sorted(EXAMPLES))
@@ -36,8 +41,18 @@ def test_an_example_runs_exports_and_trains_again(example: str, tmp_path: Path) 
     study, objective, other, model_file = EXAMPLES[example]
     storage, results = f"sqlite:///{tmp_path}/o.db", tmp_path / "results"
     spec = f"examples/{example}/space.yaml"
-    run = _cli("run", spec, "--trials", "3", "--max-epochs", "3", "--storage", storage,
-               "--results", str(results))
+    run = _cli(
+        "run",
+        spec,
+        "--trials",
+        "3",
+        "--max-epochs",
+        "3",
+        "--storage",
+        storage,
+        "--results",
+        str(results),
+    )
     assert run.returncode == 0, run.stderr[-2000:]
     trials = pd.read_csv(results / study / "trials.csv")
     assert (trials["state"] == "COMPLETE").any()
@@ -48,11 +63,24 @@ def test_an_example_runs_exports_and_trains_again(example: str, tmp_path: Path) 
     assert 'id="metrics"' in page and 'id="metrics-2"' in page  # a plot per metric
 
     out = tmp_path / "bundle"
-    export = _cli("export", study, "--storage", storage, "--top-k", "1", "--seeds", "1",
-                  "--out", str(out), "--results", str(results))
+    export = _cli(
+        "export",
+        study,
+        "--storage",
+        storage,
+        "--top-k",
+        "1",
+        "--seeds",
+        "1",
+        "--out",
+        str(out),
+        "--results",
+        str(results),
+    )
     assert export.returncode == 0, export.stderr[-2000:]
     assert {model_file, "inputs.json", "config.yaml", "MODEL_CARD.md"} <= {
-        p.name for p in out.iterdir()}
+        p.name for p in out.iterdir()
+    }
     card = (out / "MODEL_CARD.md").read_text()
     assert "digits" not in card and "NCHW" not in card and " nan" not in card
 

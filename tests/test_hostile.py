@@ -28,8 +28,11 @@ EXPECTED = {
     "none": ("FAIL", "metric val_accuracy is not a number at epoch 2 (got NoneType None)", [0.6]),
     "string": ("FAIL", "metric val_accuracy is not a number at epoch 1 (got str 0.60)", []),
     "nothing": ("FAIL", "the trainable yielded no epoch", []),
-    "keyerror": ("FAIL", "KeyError: 'learning_rate' (not retried: it fails the same way every "
-                 "time)", []),
+    "keyerror": (
+        "FAIL",
+        "KeyError: 'learning_rate' (not retried: it fails the same way every time)",
+        [],
+    ),
 }
 
 

@@ -321,22 +321,33 @@ def test_half_gpus_on_four_logical_gpus_run_eight_trials_at_once(tmp_path: Path)
     assert {(r["device"], r["gpu_share"], r["gpu_memory_fraction"]) for r in records} == {
         ("cuda", 0.5, 0.45)
     }
+    # the framework applied the cap before the trainable ran, without code of its own
+    assert {(r["ctx_gpu_memory_fraction"], r["alloc_conf"]) for r in records} == {
+        (0.45, "per_process_memory_fraction:0.45")
+    }
     study = optuna.load_study(study_name="packed", storage=f"sqlite:///{tmp_path}/optuna.db")
     seen = {r["trial"]: r["cuda_visible_devices"] for r in records}
     assert len(study.trials) == 8
     for t in study.trials:
         assert t.state.name == "COMPLETE"
         assert t.user_attrs["device"] == f"cuda ({seen[t.number]})"  # what Ray assigned
+        assert t.user_attrs["limits"] == {"threads": 1, "gpu_memory_fraction": 0.45}
 
     # out of memory at a quarter GPU: retried by Tune at half a GPU, COMPLETE, one trial each
     study = optuna.load_study(study_name="oom", storage=f"sqlite:///{tmp_path}/optuna.db")
     assert [t.state.name for t in study.trials] == ["COMPLETE", "COMPLETE"]
     assert [t.user_attrs["retries"] for t in study.trials] == [1, 1]
     attempts = sorted(
-        (r["trial"], r["gpu_share"], r["gpu_memory_fraction"])
+        (r["trial"], r["gpu_share"], r["gpu_memory_fraction"], r["alloc_conf"])
         for r in (json.loads(p.read_text()) for p in oom_trace.glob("*.json"))
     )
-    assert attempts == [(0, 0.25, 0.2), (0, 0.5, 0.4), (1, 0.25, 0.2), (1, 0.5, 0.4)]
+    cap = "per_process_memory_fraction:"
+    assert attempts == [
+        (0, 0.25, 0.2, cap + "0.2"),
+        (0, 0.5, 0.4, cap + "0.4"),
+        (1, 0.25, 0.2, cap + "0.2"),
+        (1, 0.5, 0.4, cap + "0.4"),
+    ]
 
 
 @pytest.mark.torch

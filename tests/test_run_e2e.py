@@ -208,11 +208,17 @@ def test_a_retry_resumes_from_the_epoch_its_checkpoint_really_holds(
 ) -> None:
     """State saved on epochs 1, 3, 5 only; the first attempt fails at epoch 5. The epoch-4
     report must not relabel the epoch-3 state as epoch 4 (``curve`` asserts what it loads)."""
-    spec = parse_spec(base_spec(
-        tmp_path, study="sparse", budget={"trials": 1, "max_epochs": 6},
-        asha={"enabled": False}, space={}, fixed={"x": 0.9, "save_every": 2, "fail_once_at": 5},
-        faults={"max_failures": 1},
-    ))
+    spec = parse_spec(
+        base_spec(
+            tmp_path,
+            study="sparse",
+            budget={"trials": 1, "max_epochs": 6},
+            asha={"enabled": False},
+            space={},
+            fixed={"x": 0.9, "save_every": 2, "fail_once_at": 5},
+            faults={"max_failures": 1},
+        )
+    )
     run_study(spec, RunOptions(results_dir=tmp_path / "results", progress=False))
     (trial,) = load_study("sparse", spec.storage).trials
     assert trial.state.name == "COMPLETE", trial.user_attrs.get("fail_reason")

@@ -29,30 +29,39 @@ def load(path: str, target: str, val_fraction: float = 0.2, seed: int = 0) -> di
     y = frame[target].to_numpy(np.float64)
     x_tr, x_va, y_tr, y_va = train_test_split(x, y, test_size=val_fraction, random_state=seed)
     mean, std = x_tr.mean(axis=0), x_tr.std(axis=0) + 1e-12
-    return {"x_train": (x_tr - mean) / std, "y_train": y_tr, "x_val": (x_va - mean) / std,
-            "y_val": y_va, "features": list(frame.columns.drop(target))}
+    return {
+        "x_train": (x_tr - mean) / std,
+        "y_train": y_tr,
+        "x_val": (x_va - mean) / std,
+        "y_val": y_va,
+        "features": list(frame.columns.drop(target)),
+    }
 
 
-def train(config: Mapping[str, Any], data: dict[str, Any],
-          ctx: TrialContext) -> Iterator[dict[str, float]]:
+def train(
+    config: Mapping[str, Any], data: dict[str, Any], ctx: TrialContext
+) -> Iterator[dict[str, float]]:
     from sklearn.linear_model import SGDRegressor
 
     cfg = {**DEFAULTS, **config}
-    model = SGDRegressor(alpha=cfg["alpha"], eta0=cfg["eta0"], penalty=cfg["penalty"],
-                         random_state=ctx.seed)
+    model = SGDRegressor(
+        alpha=cfg["alpha"], eta0=cfg["eta0"], penalty=cfg["penalty"], random_state=ctx.seed
+    )
     if isinstance(ctx.extras.get("model_out"), dict):
         ctx.extras["model_out"]["model"] = model
     scale = float(np.std(data["y_train"]))  # fit the target in units of its spread
     for _ in range(ctx.start_epoch, ctx.max_epochs + 1):
         model.partial_fit(data["x_train"], data["y_train"] / scale)
         rmse = np.sqrt(np.mean((model.predict(data["x_val"]) * scale - data["y_val"]) ** 2))
-        train_rmse = np.sqrt(np.mean((model.predict(data["x_train"]) * scale
-                                      - data["y_train"]) ** 2))
+        train_rmse = np.sqrt(
+            np.mean((model.predict(data["x_train"]) * scale - data["y_train"]) ** 2)
+        )
         yield {"val_rmse": rmse, "train_rmse": train_rmse}
 
 
-def export(config: Mapping[str, Any], data: dict[str, Any], ctx: TrialContext,
-           out_dir: Path) -> dict[str, float]:
+def export(
+    config: Mapping[str, Any], data: dict[str, Any], ctx: TrialContext, out_dir: Path
+) -> dict[str, float]:
     """Trains like ``train``, pickles the model; no ONNX (the card says what is not checked)."""
     handle, last, _ = train_to_end(train, config, data, ctx)
     out_dir.mkdir(parents=True, exist_ok=True)

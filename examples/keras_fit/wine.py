@@ -27,22 +27,33 @@ def load(seed: int = 0) -> dict[str, np.ndarray]:
     x, y = load_wine(return_X_y=True)
     x_tr, x_va, y_tr, y_va = train_test_split(x, y, test_size=0.25, random_state=seed, stratify=y)
     mean, std = x_tr.mean(axis=0), x_tr.std(axis=0) + 1e-8
-    return {"x_train": ((x_tr - mean) / std).astype("float32"), "y_train": y_tr,
-            "x_val": ((x_va - mean) / std).astype("float32"), "y_val": y_va}
+    return {
+        "x_train": ((x_tr - mean) / std).astype("float32"),
+        "y_train": y_tr,
+        "x_val": ((x_va - mean) / std).astype("float32"),
+        "y_val": y_va,
+    }
 
 
 def build(cfg: Mapping[str, Any], features: int) -> Any:
     import keras
 
-    model = keras.Sequential([keras.Input((features,)), keras.layers.Dense(cfg["units"], "relu"),
-                              keras.layers.Dense(3, "softmax")])
-    model.compile(keras.optimizers.Adam(cfg["lr"]), "sparse_categorical_crossentropy",
-                  metrics=["accuracy"])
+    model = keras.Sequential(
+        [
+            keras.Input((features,)),
+            keras.layers.Dense(cfg["units"], "relu"),
+            keras.layers.Dense(3, "softmax"),
+        ]
+    )
+    model.compile(
+        keras.optimizers.Adam(cfg["lr"]), "sparse_categorical_crossentropy", metrics=["accuracy"]
+    )
     return model
 
 
-def train(config: Mapping[str, Any], data: dict[str, np.ndarray],
-          ctx: TrialContext) -> Iterator[dict[str, float]]:
+def train(
+    config: Mapping[str, Any], data: dict[str, np.ndarray], ctx: TrialContext
+) -> Iterator[dict[str, float]]:
     import keras
 
     cfg = {**DEFAULTS, **config}
@@ -50,13 +61,20 @@ def train(config: Mapping[str, Any], data: dict[str, np.ndarray],
     keras.utils.set_random_seed(ctx.seed)
     model = build(cfg, data["x_train"].shape[1])
     stop = keras.callbacks.EarlyStopping("val_loss", patience=cfg["patience"])
-    yield from search.keras.fit(model, ctx, data["x_train"], data["y_train"],
-                                validation_data=(data["x_val"], data["y_val"]),
-                                batch_size=cfg["batch_size"], callbacks=[stop])
+    yield from search.keras.fit(
+        model,
+        ctx,
+        data["x_train"],
+        data["y_train"],
+        validation_data=(data["x_val"], data["y_val"]),
+        batch_size=cfg["batch_size"],
+        callbacks=[stop],
+    )
 
 
-def export(config: Mapping[str, Any], data: dict[str, np.ndarray], ctx: TrialContext,
-           out_dir: Path) -> dict[str, float]:
+def export(
+    config: Mapping[str, Any], data: dict[str, np.ndarray], ctx: TrialContext, out_dir: Path
+) -> dict[str, float]:
     """Trains like ``train``, saves ``model.keras`` and declares its input."""
     metrics = search.keras.train_and_save(train, config, data, ctx, out_dir)
     write_inputs(out_dir, {"x": data["x_val"][:2]})

@@ -27,20 +27,30 @@ def load(val_fraction: float = 0.25, seed: int = 0) -> dict[str, np.ndarray]:
     from sklearn.model_selection import train_test_split
 
     x, y = load_breast_cancer(return_X_y=True)
-    x_tr, x_va, y_tr, y_va = train_test_split(x, y, test_size=val_fraction, random_state=seed,
-                                              stratify=y)
+    x_tr, x_va, y_tr, y_va = train_test_split(
+        x, y, test_size=val_fraction, random_state=seed, stratify=y
+    )
     mean, std = x_tr.mean(axis=0), x_tr.std(axis=0) + 1e-8
-    return {"x_train": ((x_tr - mean) / std).astype(np.float32), "y_train": y_tr.astype(np.float32),
-            "x_val": ((x_va - mean) / std).astype(np.float32), "y_val": y_va.astype(np.float32)}
+    return {
+        "x_train": ((x_tr - mean) / std).astype(np.float32),
+        "y_train": y_tr.astype(np.float32),
+        "x_val": ((x_va - mean) / std).astype(np.float32),
+        "y_val": y_va.astype(np.float32),
+    }
 
 
 def build(cfg: Mapping[str, Any], features: int) -> nn.Module:
-    return nn.Sequential(nn.Linear(features, cfg["hidden"]), nn.ReLU(), nn.Dropout(cfg["dropout"]),
-                         nn.Linear(cfg["hidden"], 1))
+    return nn.Sequential(
+        nn.Linear(features, cfg["hidden"]),
+        nn.ReLU(),
+        nn.Dropout(cfg["dropout"]),
+        nn.Linear(cfg["hidden"], 1),
+    )
 
 
-def train(config: Mapping[str, Any], data: dict[str, np.ndarray],
-          ctx: TrialContext) -> Iterator[dict[str, float]]:
+def train(
+    config: Mapping[str, Any], data: dict[str, np.ndarray], ctx: TrialContext
+) -> Iterator[dict[str, float]]:
     cfg = {**DEFAULTS, **config}
     torch.manual_seed(ctx.seed)
     torch.set_num_threads(ctx.num_threads)
@@ -66,15 +76,23 @@ def train(config: Mapping[str, Any], data: dict[str, np.ndarray],
         yield {"val_loss": val_loss, "val_accuracy": accuracy, "train_loss": loss}
 
 
-def export(config: Mapping[str, Any], data: dict[str, np.ndarray], ctx: TrialContext,
-           out_dir: Path) -> dict[str, float]:
+def export(
+    config: Mapping[str, Any], data: dict[str, np.ndarray], ctx: TrialContext, out_dir: Path
+) -> dict[str, float]:
     """Trains like ``train`` (to the end), then saves ``model.pt`` and ``model.onnx``."""
     handle, last, _ = train_to_end(train, config, data, ctx)
     model = handle["model"].eval()
     out_dir.mkdir(parents=True, exist_ok=True)
     torch.save(model.state_dict(), out_dir / "model.pt")
     example = torch.from_numpy(data["x_val"][:2])
-    torch.onnx.export(model, (example,), str(out_dir / "model.onnx"), input_names=["x"],
-                      output_names=["logit"], dynamic_axes={"x": {0: "batch"}}, dynamo=False)
+    torch.onnx.export(
+        model,
+        (example,),
+        str(out_dir / "model.onnx"),
+        input_names=["x"],
+        output_names=["logit"],
+        dynamic_axes={"x": {0: "batch"}},
+        dynamo=False,
+    )
     write_inputs(out_dir, {"x": data["x_val"][:2]})
     return last

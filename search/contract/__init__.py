@@ -24,6 +24,7 @@ from search.contract.driver import (
     nonfinite_reason,
     train_to_end,
 )
+from search.contract.inputs import write_inputs
 from search.contract.registry import (
     BUILTIN,
     Declarations,
@@ -51,4 +52,5 @@ __all__ = [
     "metric_problem",
     "nonfinite_reason",
     "train_to_end",
+    "write_inputs",
 ]

@@ -58,6 +58,13 @@ class TrialContext:
         restore_dir: When set, the trial is being retried: load the state saved there and
             continue with the epoch after ``start_epoch - 1``.
         start_epoch: The number of the first epoch this call yields (1, or later on restore).
+        gpu_share: The share of a GPU Ray holds for the trial (``None``: no GPU).
+        gpu_memory_fraction: The cap on the trial's GPU memory, as a share of the GPU, when
+            trials share a GPU. The framework applies it before the trainable runs (PyTorch:
+            ``PYTORCH_CUDA_ALLOC_CONF``; TensorFlow: a logical device of that size); a
+            trainable only reads it.
+        data_path: The folder of an ``image_folder`` dataset (``None`` otherwise).
+        replicas: The devices an ``in_process`` data-parallel trial spreads over.
 
     Example:
         >>> ctx = TrialContext(max_epochs=3, seed=7)
@@ -75,3 +82,7 @@ class TrialContext:
     checkpoint_dir: str | None = None
     restore_dir: str | None = None
     start_epoch: int = 1
+    gpu_share: float | None = None
+    gpu_memory_fraction: float | None = None
+    data_path: str | None = None
+    replicas: int = 1

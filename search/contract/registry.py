@@ -99,12 +99,14 @@ def resolve_function(name: str, what: str = "function") -> Any:
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
-        raise UnknownTrainableError(f"{what} {name!r}: cannot import {module_name!r} "
-                                    f"({type(exc).__name__}: {exc})") from None
+        raise UnknownTrainableError(
+            f"{what} {name!r}: cannot import {module_name!r} ({type(exc).__name__}: {exc})"
+        ) from None
     fn = getattr(module, func_name, None)
     if not callable(fn):
-        raise UnknownTrainableError(f"{what} {name!r}: module {module_name!r} has no function "
-                                    f"{func_name!r}")
+        raise UnknownTrainableError(
+            f"{what} {name!r}: module {module_name!r} has no function {func_name!r}"
+        )
     return fn
 
 

@@ -13,6 +13,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from search.contract import BUILTIN
+from search.contract.inputs import INPUTS_FILE, Declared, InputsError, read_inputs
+from search.errors import one_line
 from search.report.html import summarize
 
 if TYPE_CHECKING:
@@ -158,35 +161,135 @@ def learning_curves(
     return path
 
 
+NOT_CHECKED = "not checked"
+"""What the card writes for a number that is missing or NaN (a check that did not run)."""
+
+STANDARD_FILES = {
+    "config.yaml",
+    "metrics.json",
+    "environment.txt",
+    "learning_curves.png",
+    "MODEL_CARD.md",
+    INPUTS_FILE,
+}
+"""The files every bundle has (the export command's and ``inputs.json``)."""
+
+
 def _f(value: Any, digits: int = 4) -> str:
     if isinstance(value, float):
+        if math.isnan(value):
+            return NOT_CHECKED
         if value and abs(value) < 10**-digits:
             return f"{value:.2e}"
         return f"{value:.{digits}f}" if math.isfinite(value) else str(value)
     return "-" if value is None else str(value)
 
 
-def _inputs(out: Path, final: Mapping[str, float]) -> list[str]:
+def _number(value: Any, fmt: str = ".4f") -> str:
+    """``value`` formatted, or "not checked" when it is missing, not a number or NaN."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or math.isnan(value):
+        return NOT_CHECKED
+    return format(value, fmt)
+
+
+def _declared(out: Path) -> tuple[Declared | None, str]:
+    """``inputs.json`` and, when it cannot be used, why."""
+    try:
+        return read_inputs(out), ""
+    except InputsError as exc:
+        return None, f"{INPUTS_FILE} is malformed ({one_line(str(exc))})"
+
+
+def _input_lines(declared: Declared | None, problem: str) -> list[str]:
+    if declared is None:
+        why = f" ({problem})" if problem else ""
+        return [f"- inputs: not declared by the export hook (not checked){why}."]
+    lines = [f"- inputs of `{declared.model}`, as the export hook declared them (`{INPUTS_FILE}`):"]
+    lines += [f"  - input {t.text()}" for t in declared.inputs]
+    lines += [f"  - output {t.text()}" for t in declared.outputs]
+    if declared.validation:
+        lines.append(f"  - validation data for the check: `{declared.validation}`")
+    return lines
+
+
+def _inputs(
+    out: Path, final: Mapping[str, Any], builtin: bool = True, declared: Declared | None = None
+) -> list[str]:
+    """The ``Files`` lines of the model files: the built-in hooks' words for a built-in
+    trainable, the declared inputs (or "not checked") for any other."""
     scale = final.get("input_scale")
+    onnx = declared.inputs if declared is not None and declared.model == "model.onnx" else ()
+    names = ", ".join(f"`{t.name}`" for t in onnx)
     lines = []
     if (out / "model.onnx").exists():
-        lines += [
-            "- `model.onnx`: input `input`, float32 NCHW, values as the dataset holds them "
-            "(the digits: 0 to 16; the scaling is inside the graph); output `logits` "
-            "(argmax is the class), any batch size. Checked against PyTorch with onnxruntime: "
-            f"largest absolute difference {final.get('onnx_max_abs_diff', math.nan):.2e} "
-            f"(limit 1e-4), validation accuracy {_f(final.get('onnx_val_accuracy'))}.",
-            "- `model.safetensors`: the PyTorch `state_dict` (float32); rebuild the model with "
-            "the trainable's `build_model` and `safetensors.torch.load_model(model, path)`.",
-        ]
+        if builtin:
+            what = f"input {names or '`input`'}"
+            lines.append(
+                f"- `model.onnx`: {what}, float32 NCHW, values as the dataset holds them "
+                "(the digits: 0 to 16; the scaling is inside the graph); output `logits` "
+                "(argmax is the class), any batch size. Checked against PyTorch with "
+                "onnxruntime: largest absolute difference "
+                f"{_number(final.get('onnx_max_abs_diff'), '.2e')} (limit 1e-4), validation "
+                f"accuracy {_number(final.get('onnx_val_accuracy'))}."
+            )
+        else:
+            what = f"input {names}" if names else "inputs as its graph declares them"
+            diff = final.get("onnx_max_abs_diff")
+            checked = (
+                "the export hook compared it with the training framework: largest absolute "
+                f"difference {_number(diff, '.2e')}"
+                if _number(diff) != NOT_CHECKED
+                else "compared with the training framework: not checked"
+            )
+            lines.append(
+                f"- `model.onnx`: {what} (see the inputs below); {checked}; validation accuracy "
+                f"with onnxruntime {_number(final.get('onnx_val_accuracy'))}."
+            )
+        lines.append(
+            "  `python -m search check .` (or `python scripts/check_onnx.py .`) runs it with "
+            "onnxruntime alone, without the trainable's package."
+        )
+    if (out / "model.safetensors").exists():
+        if builtin:
+            lines.append(
+                "- `model.safetensors`: the PyTorch `state_dict` (float32); rebuild the model "
+                "with the trainable's `build_model` and "
+                "`safetensors.torch.load_model(model, path)`."
+            )
+        else:
+            lines.append(
+                "- `model.safetensors`: PyTorch weights; load them into the trainable's own "
+                "model with `safetensors.torch.load_model(model, path)`."
+            )
     if (out / "model.keras").exists():
-        lines += [
-            "- `model.keras`: `keras.models.load_model(path)`; input float32 NHWC scaled to "
-            f"[0, 1] (divide the dataset's values by {_f(scale, 1)}); output class probabilities.",
-            "- `saved_model/`: a TensorFlow SavedModel (`tf.saved_model.load`, signature `serve`),"
-            " same input and output.",
-        ]
+        how = (
+            "input float32 NHWC scaled to [0, 1] (divide the dataset's values by "
+            f"{_number(scale, '.1f')}); output class probabilities"
+            if builtin
+            else "inputs as declared below"
+        )
+        lines.append(f"- `model.keras`: `keras.models.load_model(path)`; {how}.")
+    if (out / "saved_model").is_dir():
+        lines.append(
+            "- `saved_model/`: a TensorFlow SavedModel (`tf.saved_model.load`, signature "
+            "`serve`), same input and output."
+        )
+    known = {"model.onnx", "model.safetensors", "model.keras", "saved_model"} | STANDARD_FILES
+    others = sorted(
+        p.name + ("/" if p.is_dir() else "") for p in out.iterdir() if p.name not in known
+    )
+    if others and not builtin:
+        lines.append(f"- also written by the export hook: {', '.join(f'`{n}`' for n in others)}.")
     return lines
+
+
+def _data_line(spec: StudySpec) -> str:
+    """What the study trained on, as the spec says it (a loader splits its data itself)."""
+    data = spec.data
+    if data.loader is not None:
+        args = ", ".join(f"{k}={v!r}" for k, v in data.args.items())
+        return f"loaded by `{data.loader}({args})`, which made the validation split."
+    return f"`{data.name}`, validation fraction {data.val_fraction}, split seed {data.split_seed}."
 
 
 def model_card(study: optuna.Study, spec: StudySpec, metrics: Mapping[str, Any], out: Path) -> str:
@@ -198,6 +301,20 @@ def model_card(study: optuna.Study, spec: StudySpec, metrics: Mapping[str, Any],
     rows = metrics["confirmation"]
     summary = summarize(study)
     seeds = metrics["seeds"]
+    builtin = spec.trainable in BUILTIN
+    declared, problem = _declared(out)
+    files = _inputs(out, final, builtin, declared) + _input_lines(declared, problem)
+    what = (
+        f"A `{spec.trainable}` model for `{spec.data.name}` classification"
+        if builtin
+        else f"A model of the trainable `{spec.trainable}`"
+    )
+    data_note = (
+        ""
+        if builtin
+        else " A trainable of its own may read other data than the spec names; this card "
+        "describes only what the spec and the export hook declared."
+    )
     table = [
         f"| source trial | search {metric} | "
         + " | ".join(f"seed {s}" for s in seeds)
@@ -220,7 +337,7 @@ def model_card(study: optuna.Study, spec: StudySpec, metrics: Mapping[str, Any],
     final_rows = "\n".join(f"| {k} | {_f(v)} |" for k, v in final.items())
     return f"""# Model card: {spec.study}
 
-A `{spec.trainable}` model for `{spec.data.name}` classification, the winner of the
+{what}, the winner of the
 hyperparameter study `{spec.study}` ({summary.trials} trials), confirmed with
 {len(seeds)} fresh seeds and trained once more for {spec.budget.max_epochs} epochs.
 
@@ -234,7 +351,7 @@ hyperparameter study `{spec.study}` ({summary.trials} trials), confirmed with
   trainable). `python -m search train config.yaml` trains it again without Ray and reaches
   the {metric} above within {metrics["tolerance"]} (exactly, on the same machine and threads);
   `python -m search run config.yaml` trains it as a one-trial study.
-{chr(10).join(_inputs(out, final))}
+{chr(10).join(files)}
 - `metrics.json`: the confirmation table, the final metrics and the final run's curve.
 - `environment.txt`: Python, packages, git commit, CPU and GPU.
 
@@ -273,10 +390,9 @@ hyperparameter study `{spec.study}` ({summary.trials} trials), confirmed with
 
 ## Limits
 
-- The validation split chose the config (search and confirmation), so its accuracy is a
+- The validation split chose the config (search and confirmation), so its {metric} is a
   slightly optimistic estimate; there is no separate test split in the spec. The confirmed
   mean over fresh seeds is the fairer number.
-- Data: `{spec.data.name}`, validation fraction {spec.data.val_fraction}, split seed
-  {spec.data.split_seed}. The model has not been evaluated on any other data.
+- Data: {_data_line(spec)} The model has not been evaluated on any other data.{data_note}
 - Export took {metrics["export_seconds"]} s.
 """

@@ -14,6 +14,7 @@ The rules:
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -34,6 +35,9 @@ CODE_ERROR = RESERVED_PREFIX + "code_error"
 """Set on a failing result whose cause is the trainable's code: the same every time."""
 METRIC_KEYS = RESERVED_PREFIX + "metrics"
 """The names of the metrics the trainable itself yielded (Tune adds its own beside them)."""
+LIMITS = RESERVED_PREFIX + "limits"
+"""What the framework applied in the trial's process (threads, GPU memory cap), as JSON: Tune
+flattens a dict in a result into one key per entry."""
 NO_VALUE = RESERVED_PREFIX + "no_value"
 """Set on a failing result whose objective was missing or not a number (a NaN stands in)."""
 SEED = RESERVED_PREFIX + "seed"
@@ -75,8 +79,9 @@ class TrialRecord:
         if epoch in self.curve:
             return None
         yielded = result.get(METRIC_KEYS, ())
-        self.metrics[epoch] = {k: float(result[k]) for k in yielded
-                               if isinstance(result.get(k), int | float)}
+        self.metrics[epoch] = {
+            k: float(result[k]) for k in yielded if isinstance(result.get(k), int | float)
+        }
         value = float(result[self.metric])
         self.curve[epoch] = value
         return epoch, value
@@ -118,6 +123,8 @@ class TrialRecord:
         for key in (DEVICE, NODE, REPLICAS):
             if key in self.last:
                 attrs[key.removeprefix(RESERVED_PREFIX)] = self.last[key]
+        if isinstance(self.last.get(LIMITS), str):
+            attrs["limits"] = json.loads(self.last[LIMITS])
         if self.metrics:
             last = self.metrics[max(self.metrics)]
             attrs["metrics"] = {k: v for k, v in last.items() if math.isfinite(v)}

@@ -24,8 +24,7 @@ if TYPE_CHECKING:
 
     from search.spec.schema import StudySpec
 
-ATTR_COLUMNS = ("epochs", "seconds", "device", "node", "fail_reason", "traceback",
-                "ray_trial_id")
+ATTR_COLUMNS = ("epochs", "seconds", "device", "node", "fail_reason", "traceback", "ray_trial_id")
 
 
 def trials_frame(study: optuna.Study) -> pd.DataFrame:

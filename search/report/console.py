@@ -65,8 +65,10 @@ def print_trials(console: Console, study: optuna.Study, metrics: Sequence[str] =
     wanted = known if list(metrics) == ["all"] else list(metrics)
     missing = [m for m in wanted if m not in known]
     if missing:
-        raise UnknownMetricError(f"--metrics: no trial of {study.study_name!r} yielded "
-                                 f"{missing[0]!r} (known: {', '.join(known) or 'none'})")
+        raise UnknownMetricError(
+            f"--metrics: no trial of {study.study_name!r} yielded "
+            f"{missing[0]!r} (known: {', '.join(known) or 'none'})"
+        )
     hidden = {"ray_trial_id", "traceback"} | {f"metric_{m}" for m in known if m not in wanted}
     columns = [c for c in frame.columns if c not in hidden]
     for column in columns:

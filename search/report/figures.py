@@ -282,8 +282,15 @@ def metric_curves(table: Path) -> list[Any] | str:
         fig = go.Figure()
         for trial, curve in rows.groupby("trial"):
             curve = curve.sort_values("epoch")
-            fig.add_trace(go.Scatter(x=curve["epoch"], y=curve["value"], mode="lines+markers",
-                                     name=f"#{trial}", marker={"size": 4}))
+            fig.add_trace(
+                go.Scatter(
+                    x=curve["epoch"],
+                    y=curve["value"],
+                    mode="lines+markers",
+                    name=f"#{trial}",
+                    marker={"size": 4},
+                )
+            )
         fig.update_layout(title=str(metric), xaxis_title="epoch", yaxis_title=str(metric))
         figures.append(fig)
     return figures or "the per-epoch table is empty"

@@ -225,8 +225,9 @@ def render(
             parts.append(f"<p class='note' id='{name}-missing'>{html.escape(drawn)}</p>")
             continue
         for i, figure in enumerate(drawn if isinstance(drawn, list) else [drawn]):
-            figure.update_layout(height=400 if name in ("slice", "metrics") else 520,
-                                 margin={"t": 60})
+            figure.update_layout(
+                height=400 if name in ("slice", "metrics") else 520, margin={"t": 60}
+            )
             parts.append(
                 "<div class='fig'>"
                 + figure.to_html(

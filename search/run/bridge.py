@@ -195,8 +195,14 @@ class OptunaBridge(Searcher):
             trial.set_user_attr(key, attr)
         self._study.tell(trial, values, state=state)
         self.finished[trial_id] = (trial.number, state.name)
-        outcome = Outcome(trial.number, state.name, reason, record.traceback,
-                          record.code_error or record.errored, dict(record.metrics))
+        outcome = Outcome(
+            trial.number,
+            state.name,
+            reason,
+            record.traceback,
+            record.code_error or record.errored,
+            dict(record.metrics),
+        )
         self.outcomes[trial_id] = outcome
         for listener in self._listeners:
             listener(outcome)
@@ -223,8 +229,9 @@ class ErrorCallback(Callback):
     def on_trial_error(
         self, iteration: int, trials: list[Trial], trial: Trial, **info: Any
     ) -> None:
-        self._bridge.record_error(trial.trial_id, error_summary(_trial_error(trial)),
-                                  getattr(trial, "error_file", None))
+        self._bridge.record_error(
+            trial.trial_id, error_summary(_trial_error(trial)), getattr(trial, "error_file", None)
+        )
 
     def on_trial_recover(
         self, iteration: int, trials: list[Trial], trial: Trial, **info: Any

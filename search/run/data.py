@@ -30,8 +30,10 @@ def load_data(spec: DataSpec) -> Any:
         try:
             return fn(**spec.args)
         except Exception as exc:
-            raise DataError(f"data.loader: {spec.loader}(**args) raised {error_summary(exc)}; "
-                            "call it by hand to see the traceback") from exc
+            raise DataError(
+                f"data.loader: {spec.loader}(**args) raised {error_summary(exc)}; "
+                "call it by hand to see the traceback"
+            ) from exc
     if spec.name == "image_folder":
         return image_folder(spec.path or "", spec.image_size)
     return load_digits(spec.val_fraction, spec.split_seed)

@@ -100,6 +100,7 @@ def trial_context(
         >>> ctx.max_epochs, ctx.seed, ctx.device, dict(ctx.extras)
         (5, 3, 'cpu', {'x': 1})
     """
+    merged = {**job.extras, **(extras or {})}
     return TrialContext(
         max_epochs=fields.pop("max_epochs", job.max_epochs),
         seed=seed,
@@ -107,6 +108,10 @@ def trial_context(
         device="cuda" if device.startswith("cuda") else "cpu",
         trial_number=number,
         trial_dir=trial_dir,
-        extras={**job.extras, **(extras or {})},
+        extras=merged,
+        gpu_share=merged.get("gpu_share"),
+        gpu_memory_fraction=merged.get("gpu_memory_fraction"),
+        data_path=merged.get("data_path"),
+        replicas=int(merged.get("replicas") or 1),
         **fields,
     )

@@ -132,8 +132,9 @@ def run_study(spec: StudySpec, options: RunOptions = RunOptions()) -> RunSummary
         record_spec(study, spec)
         recovery = recover(study)
         budget = min(spec.budget.trials, grid_size(spec) or spec.budget.trials) - recovery.counted
-        finished, stopped = (_fit(spec, options, study, lease.run_id, budget) if budget > 0
-                             else ({}, None))
+        finished, stopped = (
+            _fit(spec, options, study, lease.run_id, budget) if budget > 0 else ({}, None)
+        )
     finally:
         lease.release()
     return RunSummary(
@@ -168,8 +169,14 @@ def _fit(
     watch = FailFast(min(FIRST, budget))
     table = options.results_dir / spec.study / EPOCHS_FILE
     bridge = OptunaBridge(
-        study, spec.space, spec.fixed, metric=spec.objective.metric, mode=spec.objective.mode,
-        max_epochs=spec.budget.max_epochs, seed=spec.sampler.seed or 0, run_id=run_id,
+        study,
+        spec.space,
+        spec.fixed,
+        metric=spec.objective.metric,
+        mode=spec.objective.mode,
+        max_epochs=spec.budget.max_epochs,
+        seed=spec.sampler.seed or 0,
+        run_id=run_id,
         listeners=[watch, lambda done: append_epochs(table, done.number, done.metrics)],
     )
     stopper = RunStopper(spec.budget.time_limit_s, bridge.mark_interrupted, lambda: watch.verdict)
@@ -185,8 +192,15 @@ def _fit(
     return dict(bridge.finished.values()), watch.verdict
 
 
-def _tuner(spec: StudySpec, options: RunOptions, bridge: OptunaBridge, placement: Placement,
-           data: Dataset, stopper: RunStopper, budget: int) -> Any:
+def _tuner(
+    spec: StudySpec,
+    options: RunOptions,
+    bridge: OptunaBridge,
+    placement: Placement,
+    data: Dataset,
+    stopper: RunStopper,
+    budget: int,
+) -> Any:
     """The Tune ``Tuner``: the trainable with its resources, ASHA (rungs refilled on a resume),
     the bridge as searcher, retries, and our callbacks."""
     from ray import tune

@@ -56,8 +56,10 @@ class FailFast:
         reasons = {_same(o.reason or "") for o in self._seen}
         if all(o.state == "FAIL" and o.code_error for o in self._seen) and len(reasons) == 1:
             where = next((o.traceback for o in self._seen if o.traceback), None)
-            self.verdict = (f"the first {self._first} trials failed the same way: "
-                            f"{self._seen[0].reason}" + (f" (traceback: {where})" if where else ""))
+            self.verdict = (
+                f"the first {self._first} trials failed the same way: "
+                f"{self._seen[0].reason}" + (f" (traceback: {where})" if where else "")
+            )
 
 
 class RunStopper(Stopper):
@@ -73,8 +75,12 @@ class RunStopper(Stopper):
         abort: Says why the run must stop now (``None``: go on).
     """
 
-    def __init__(self, seconds: float | None, on_stop: Callable[[str], None],
-                 abort: Callable[[], str | None] = lambda: None) -> None:
+    def __init__(
+        self,
+        seconds: float | None,
+        on_stop: Callable[[str], None],
+        abort: Callable[[], str | None] = lambda: None,
+    ) -> None:
         self._deadline = time.monotonic() + seconds if seconds is not None else None
         self._on_stop = on_stop
         self._abort = abort

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import shutil
 import socket
 import tempfile
@@ -28,6 +27,7 @@ from search.record.fate import (
     DEVICE,
     EPOCH,
     FAIL_REASON,
+    LIMITS,
     METRIC_KEYS,
     NO_VALUE,
     NODE,
@@ -39,6 +39,7 @@ from search.record.fate import (
 )
 from search.run.distributed import data_parallel
 from search.run.job import TrialJob, trial_context
+from search.run.limits import apply_limits
 from search.run.placement import share_extras
 
 if TYPE_CHECKING:
@@ -132,8 +133,15 @@ def _failed(metric: str, metrics: Mapping[str, Any], reason: str) -> dict[str, A
     return added
 
 
-NOT_RETRIED = (TypeError, KeyError, NameError, AttributeError, ImportError, SyntaxError,
-               ConfigError)
+NOT_RETRIED = (
+    TypeError,
+    KeyError,
+    NameError,
+    AttributeError,
+    ImportError,
+    SyntaxError,
+    ConfigError,
+)
 """Errors of a trainable's code that fail the same way every time: the trial fails at once,
 with its traceback written beside it, and is not retried (Tune retries whatever raises)."""
 
@@ -154,10 +162,10 @@ def run_trial(config: dict[str, Any], job: TrialJob, data: Dataset) -> None:
     """The Ray Tune function trainable: one ``tune.report`` per epoch the trainable yields."""
     from ray import tune
 
-    os.environ.setdefault("OMP_NUM_THREADS", str(job.num_threads))
-    train = declarations(job.trainable).train
+    train = declarations(job.trainable).train  # imports its module (and its framework)
     device, node = _placement()
     ctx = _context(config, job, device)
+    limits = apply_limits(ctx)
     params = {k: v for k, v in config.items() if not k.startswith(RESERVED_PREFIX)}
     if job.workers > 1:
         epochs = data_parallel(job.trainable, params, data, ctx, job.workers)
@@ -170,8 +178,14 @@ def run_trial(config: dict[str, Any], job: TrialJob, data: Dataset) -> None:
         with closing(drive(epochs, job.max_epochs, ctx.start_epoch, job.metric)) as run:
             for epoch in run:
                 replicas = int(epoch.metrics.get("replicas", planned))  # what it really used
-                report = {**epoch.metrics, **where, EPOCH: epoch.number, REPLICAS: replicas,
-                          METRIC_KEYS: sorted(epoch.metrics)}
+                report = {
+                    **epoch.metrics,
+                    **where,
+                    EPOCH: epoch.number,
+                    REPLICAS: replicas,
+                    METRIC_KEYS: sorted(epoch.metrics),
+                    LIMITS: json.dumps(limits),
+                }
                 if epoch.fail_reason:
                     report.update(_failed(job.metric, epoch.metrics, epoch.fail_reason))
                 checkpoint = None if epoch.fail_reason else _checkpoint(ctx, epoch.number)

@@ -70,8 +70,10 @@ class DataSpec(_Strict):
         if self.loader is not None:
             given = sorted(self.model_fields_set & {"name", "path", "image_size"})
             if given:
-                raise ValueError(f"data.{given[0]}: a loader loads its own data; remove "
-                                 f"{given[0]} (pass what the loader needs in args)")
+                raise ValueError(
+                    f"data.{given[0]}: a loader loads its own data; remove "
+                    f"{given[0]} (pass what the loader needs in args)"
+                )
             return self
         if self.args:
             raise ValueError("data.args: args are for a loader; name one with loader")

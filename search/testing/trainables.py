@@ -89,6 +89,9 @@ def _traced(config: Mapping[str, Any], data: Dataset, ctx: TrialContext) -> Iter
         "num_threads": ctx.num_threads,
         "gpu_share": ctx.extras.get("gpu_share"),
         "gpu_memory_fraction": ctx.extras.get("gpu_memory_fraction"),
+        "ctx_gpu_memory_fraction": ctx.gpu_memory_fraction,
+        # the cap the framework applied before this code ran (read by PyTorch's allocator)
+        "alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF"),
     }
     path = folder / f"trial-{ctx.trial_number}-{os.getpid()}.json"
     path.write_text(json.dumps(record))

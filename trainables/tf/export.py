@@ -11,6 +11,8 @@ into ``out_dir``:
                    float32 images divided by ``input_scale`` (the training split's largest
                    value: 16 for the digits, 255 for most image folders) and returns class
                    probabilities
+    inputs.json    the model's inputs and outputs (:mod:`search.contract.inputs`): names,
+                   shapes, dtypes, NHWC and the ``scale`` the raw data is divided by
 
 and scores the reloaded ``model.keras`` on the validation split.
 """
@@ -24,7 +26,33 @@ from typing import Any
 import keras
 
 from search.contract import Dataset, ExportFn, Metrics, TrainFn, TrialContext, train_to_end
+from search.contract.inputs import tensor, write_inputs
 from trainables.tf.data import Splits, pipeline
+
+
+def declare_keras(out_dir: Path, model: keras.Model, scale: float) -> Path:
+    """Writes ``inputs.json`` for ``model.keras`` (and the SavedModel's ``serving_default``
+    signature, whose arguments carry the same names): from ``model.inputs``/``outputs``."""
+    inputs = [
+        tensor(
+            t.name,
+            tuple(t.shape),
+            t.dtype,
+            layout="NHWC" if len(t.shape) == 4 else None,
+            scale=scale,
+        )
+        for t in model.inputs
+    ]
+    outputs = [
+        tensor(
+            f"output_{i}",
+            tuple(t.shape),
+            t.dtype,
+            note="class probabilities (softmax)" if i == 0 else None,
+        )
+        for i, t in enumerate(model.outputs)
+    ]
+    return write_inputs(out_dir, inputs, outputs, model="model.keras")
 
 
 def export_keras(
@@ -44,6 +72,7 @@ def export_keras(
     splits: Splits = handle["data"]
     model.save(out / "model.keras")
     model.export(str(out / "saved_model"), format="tf_saved_model", verbose=False)
+    declare_keras(out, model, splits.scale)
     reloaded = keras.models.load_model(out / "model.keras")
     val = pipeline(splits.val, int(config.get("batch_size", 64)), ctx.num_threads)
     val_loss, val_accuracy = reloaded.evaluate(val, verbose=0)

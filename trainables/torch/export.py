@@ -12,6 +12,10 @@ the model and its tensors come back through ``ctx.extras["model_out"]``, which
                         the input scaling the trainable applies is part of the graph),
                         output: logits, any batch size
 
+    inputs.json         the ONNX model's input and output (:mod:`search.contract.inputs`),
+                        with ``"validation": "dataset"``: ``python -m search check`` scores
+                        it on the bundle's data split without importing this package
+
 and checks the ONNX file with onnxruntime against PyTorch on random inputs (largest absolute
 difference of the logits at most :data:`ONNX_TOLERANCE`, else it raises) and on the
 validation split.
@@ -29,6 +33,7 @@ import torch
 from torch import nn
 
 from search.contract import ExportFn, Metrics, TrainFn, TrialContext, train_to_end
+from search.contract.inputs import DATASET, tensor, write_inputs
 from trainables.torch.data import Tensors
 from trainables.torch.loop import evaluate
 
@@ -39,6 +44,9 @@ ONNX_TOLERANCE = 1e-4
 """Largest absolute difference allowed between ONNX Runtime's logits and PyTorch's."""
 
 ONNX_OPSET = 18
+
+INPUT_NAME, OUTPUT_NAME = "input", "logits"
+"""The ONNX model's input and output names."""
 
 
 class RawInputs(nn.Module):
@@ -62,8 +70,8 @@ def save_onnx(model: nn.Module, example: torch.Tensor, path: Path) -> None:
             model,
             (example,),
             str(path),
-            input_names=["input"],
-            output_names=["logits"],
+            input_names=[INPUT_NAME],
+            output_names=[OUTPUT_NAME],
             dynamic_shapes=({0: torch.export.Dim("batch", min=1)},),
             opset_version=ONNX_OPSET,
             dynamo=True,
@@ -77,7 +85,7 @@ def onnx_logits(path: Path, x: np.ndarray) -> np.ndarray:
     import onnxruntime as ort
 
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    return session.run(None, {"input": np.ascontiguousarray(x, dtype=np.float32)})[0]
+    return session.run(None, {INPUT_NAME: np.ascontiguousarray(x, dtype=np.float32)})[0]
 
 
 def check_onnx(
@@ -108,6 +116,26 @@ def check_onnx(
         )
     accuracy = float((onnx_logits(path, x_raw.numpy()).argmax(1) == y.numpy()).mean())
     return {"onnx_max_abs_diff": diff, "onnx_val_accuracy": accuracy}
+
+
+def declare_onnx(out_dir: Path, x_raw: torch.Tensor, num_classes: int) -> Path:
+    """Writes ``inputs.json`` for ``model.onnx``: NCHW float32 as the dataset holds it."""
+    high = float(x_raw.max()) if len(x_raw) else 1.0
+    return write_inputs(
+        out_dir,
+        [
+            tensor(
+                INPUT_NAME,
+                x_raw[:1],
+                layout="NCHW",
+                note=f"values as the dataset holds them (here 0 to {high:g}); the input "
+                "scaling is inside the graph",
+            )
+        ],
+        [tensor(OUTPUT_NAME, [None, num_classes], "float32", note="argmax is the class")],
+        model="model.onnx",
+        validation=DATASET,
+    )
 
 
 def export_torch(
@@ -143,6 +171,7 @@ def export_torch(
     x_raw = tensors.x_val * tensors.scale
     save_onnx(served, x_raw[:2], out_dir / "model.onnx")
     checks = check_onnx(served, out_dir / "model.onnx", x_raw, tensors.y_val, seed=ctx.seed)
+    declare_onnx(out_dir, x_raw, tensors.num_classes)
     return {
         **last,
         "epochs": float(epochs),

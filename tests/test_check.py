@@ -1,0 +1,278 @@
+"""``check_bundle`` and ``scripts/check_onnx.py``: a user's model.onnx checked from anywhere."""
+
+from __future__ import annotations
+
+try:  # torch before TensorFlow: the other order segfaults in this build
+    import torch
+except ImportError:  # without the torch extra these tests are skipped
+    torch = None
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from search.contract.inputs import InputsError, read_inputs, tensor, write_inputs
+from search.handover.check import BundleCheckFailed, BundleError, check_bundle
+from tests.conftest import REPO
+
+pytestmark = [pytest.mark.torch, pytest.mark.skipif(torch is None, reason="needs PyTorch")]
+
+
+def _mlp() -> Any:
+    from torch import nn
+
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(30, 16), nn.ReLU(), nn.Linear(16, 2)).eval()
+
+
+def _export(model: Any, path: Path) -> None:
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(
+            model,
+            (torch.zeros(2, 30),),
+            str(path),
+            input_names=["x"],
+            output_names=["logits"],
+            dynamic_shapes=({0: torch.export.Dim("batch", min=1)},),
+            dynamo=True,
+            verbose=False,
+            external_data=False,
+        )
+
+
+@pytest.fixture(scope="module")
+def onnx_file(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, float]:
+    """A tabular MLP (breast cancer: 30 features, 2 classes; input ``x``) in ONNX, and its
+    PyTorch accuracy on the validation arrays of :func:`_val`."""
+    model = _mlp()
+    path = tmp_path_factory.mktemp("onnx") / "model.onnx"
+    _export(model, path)
+    x, y = _val()
+    with torch.no_grad():
+        accuracy = float((model(torch.from_numpy(x)).argmax(1).numpy() == y).mean())
+    return path, accuracy
+
+
+def _val() -> tuple[np.ndarray, np.ndarray]:
+    from sklearn.datasets import load_breast_cancer
+
+    x, y = load_breast_cancer(return_X_y=True)
+    x = ((x - x.mean(0)) / x.std(0)).astype(np.float32)
+    return x[::4], y[::4].astype(np.int64)
+
+
+def _bundle(
+    tmp_path: Path, onnx_file: tuple[Path, float], *, declare: bool = True, target: Any = None
+) -> Path:
+    """A user's bundle: model.onnx, inputs.json (validation.npz), metrics.json, config.yaml
+    naming a trainable that is importable nowhere."""
+    source, accuracy = onnx_file
+    bundle = tmp_path / "bundle"
+    bundle.mkdir()
+    (bundle / "model.onnx").write_bytes(source.read_bytes())
+    x, y = _val()
+    if declare:
+        write_inputs(
+            bundle, {"x": x[:2]}, {"logits": [None, 2]}, validation=(torch.from_numpy(x), y)
+        )
+    final = {"val_accuracy": accuracy if target is None else target, "val_loss": 0.3}
+    (bundle / "metrics.json").write_text(json.dumps({"final": final}))
+    (bundle / "config.yaml").write_text(
+        "study: tabular-final\ntrainable: nowhere_pkg.tabular:train\n"
+        "objective: {metric: val_accuracy, mode: max}\n"
+    )
+    return bundle
+
+
+def _script(bundle: Path, cwd: Path) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    return subprocess.run(
+        [sys.executable, str(REPO / "scripts" / "check_onnx.py"), str(bundle)],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=env,
+    )
+
+
+def test_a_user_tabular_bundle_is_checked_without_its_package(
+    tmp_path: Path, onnx_file: tuple[Path, float], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    bundle = _bundle(tmp_path, onnx_file)
+    declared = read_inputs(bundle)
+    assert declared is not None and declared.validation == "validation.npz"
+    assert json.loads((bundle / "inputs.json").read_text())["inputs"] == [
+        {"name": "x", "shape": [None, 30], "dtype": "float32"}
+    ]
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    lines = check_bundle(bundle)
+    assert lines[0].endswith("inputs declared in inputs.json")
+    assert "  input  x: float32 [None, 30]" in lines
+    assert any(line.startswith("random inputs (x (2, 30)): outputs (2, 2)") for line in lines)
+    assert lines[-1] == "OK: model.onnx reproduces the exported validation accuracy"
+    proc = _script(bundle, elsewhere)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "OK: model.onnx reproduces" in proc.stdout and proc.stderr == ""
+
+
+def test_without_inputs_json_the_graph_names_the_inputs(
+    tmp_path: Path, onnx_file: tuple[Path, float]
+) -> None:
+    bundle = _bundle(tmp_path, onnx_file, declare=False)
+    lines = check_bundle(bundle)
+    assert "read from the ONNX graph (no inputs.json)" in lines[0]
+    assert "  input  x: float32 [None, 30]" in lines
+    assert any(
+        line.startswith("validation accuracy: not checked (no inputs.json") for line in lines
+    )
+    assert lines[-1] == "OK: model.onnx runs on inputs of the declared shapes"
+    proc = _script(bundle, tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+
+
+def test_a_folder_without_model_onnx_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    bundle = tmp_path / "tf-bundle"
+    (bundle / "saved_model").mkdir(parents=True)
+    (bundle / "model.keras").write_bytes(b"keras")
+    with pytest.raises(BundleError, match=r"no model.onnx in .*it holds model.keras, saved_model/"):
+        check_bundle(bundle)
+    proc = _script(bundle, tmp_path)
+    assert proc.returncode == 2
+    assert proc.stdout == "" and "Traceback" not in proc.stderr
+    assert proc.stderr.startswith("error: no model.onnx in ") and proc.stderr.count("\n") == 1
+    missing = _script(tmp_path / "nothing", tmp_path)
+    assert missing.returncode == 2 and missing.stderr.startswith("error: no bundle folder at")
+
+
+def test_an_accuracy_that_differs_fails_with_exit_1(
+    tmp_path: Path, onnx_file: tuple[Path, float]
+) -> None:
+    bundle = _bundle(tmp_path, onnx_file, target=onnx_file[1] - 0.2)
+    with pytest.raises(BundleCheckFailed, match="metrics.json says") as failed:
+        check_bundle(bundle)
+    assert failed.value.lines[-1].startswith("val_accuracy ")
+    proc = _script(bundle, tmp_path)
+    assert proc.returncode == 1 and proc.stderr.startswith("MISMATCH: model.onnx scores")
+    assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ({"inputs": [{"name": "input", "shape": [None, 30]}]}, "declares input.s. input, but"),
+        ({"inputs": [{"name": "x", "shape": [None, 31]}]}, r"declared \[None, 31\]"),
+        ({"inputs": [{"name": "x", "shape": [None, 30], "dtype": "int64"}]}, "declared int64"),
+        ({"inputs": []}, "no inputs declared"),
+        ({"inputs": [{"name": "x"}]}, "missing field 'shape'"),
+        ({"inputs": [{"name": "x", "shape": [None, 30]}], "validation": "v.npz"}, "v.npz"),
+        (
+            {"inputs": [{"name": "x", "shape": [None, 30]}], "validation": "dataset"},
+            r"input 'x' has shape \(360, 1, 8, 8\), declared \[None, 30\]",
+        ),
+    ],
+)
+def test_a_wrong_description_is_one_line(
+    tmp_path: Path, onnx_file: tuple[Path, float], content: dict[str, Any], message: str
+) -> None:
+    bundle = _bundle(tmp_path, onnx_file, declare=False)
+    (bundle / "inputs.json").write_text(json.dumps(content))
+    with pytest.raises(BundleError, match=message) as raised:
+        check_bundle(bundle)
+    assert "\n" not in str(raised.value)
+
+
+def test_an_unreadable_model_is_one_line(tmp_path: Path) -> None:
+    bundle = tmp_path / "bundle"
+    bundle.mkdir()
+    (bundle / "model.onnx").write_bytes(b"not a protobuf at all")
+    proc = _script(bundle, tmp_path)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.startswith("error: ") and "onnxruntime cannot load it" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_write_inputs_reads_an_onnx_graph_and_refuses_nonsense(
+    tmp_path: Path, onnx_file: tuple[Path, float]
+) -> None:
+    bundle = tmp_path / "bundle"
+    bundle.mkdir()
+    (bundle / "model.onnx").write_bytes(onnx_file[0].read_bytes())
+    write_inputs(bundle, bundle / "model.onnx")
+    data = json.loads((bundle / "inputs.json").read_text())
+    assert data["inputs"] == [{"name": "x", "shape": [None, 30], "dtype": "float32"}]
+    assert data["outputs"][0]["name"] == "logits" and data["outputs"][0]["shape"][0] is None
+    assert tensor("t", torch.zeros(4, 3, dtype=torch.int64)).as_dict() == {
+        "name": "t",
+        "shape": [None, 3],
+        "dtype": "int64",
+    }
+    with pytest.raises(InputsError, match="a dimension must be"):
+        write_inputs(bundle, {"x": [None, -1]})
+    with pytest.raises(InputsError, match="scale must be finite"):
+        tensor("x", [None, 3], scale=float("nan"))
+
+
+def test_a_builtin_torch_bundle_is_scored_on_its_data_split(tmp_path: Path) -> None:
+    """The built-in hook's ONNX model and ``inputs.json`` (``validation: dataset``), without
+    training: the check feeds the digits as the dataset holds them."""
+    from search.contract.dataset import load_digits
+    from trainables.torch import cnn
+    from trainables.torch.data import to_tensors
+    from trainables.torch.export import RawInputs, declare_onnx, save_onnx
+
+    torch.manual_seed(0)
+    tensors = to_tensors(load_digits(0.2, 0))
+    served = RawInputs(cnn.build_model({**cnn.DEFAULTS, "channels": 4}, tensors), 16.0).eval()
+    bundle = tmp_path / "bundle"
+    bundle.mkdir()
+    x_raw = tensors.x_val * tensors.scale
+    save_onnx(served, x_raw[:2], bundle / "model.onnx")
+    declare_onnx(bundle, x_raw, tensors.num_classes)
+    assert json.loads((bundle / "inputs.json").read_text())["inputs"][0]["shape"] == [
+        None,
+        1,
+        8,
+        8,
+    ]
+    with torch.no_grad():
+        accuracy = float((served(x_raw).argmax(1) == tensors.y_val).float().mean())
+    (bundle / "metrics.json").write_text(json.dumps({"final": {"export_val_accuracy": accuracy}}))
+    (bundle / "config.yaml").write_text(
+        "study: cnn-final\ntrainable: torch_cnn\nobjective: {metric: val_accuracy, mode: max}\n"
+        "data: {name: digits, val_fraction: 0.2, split_seed: 0}\n"
+    )
+    lines = check_bundle(bundle)
+    assert "  input  input: float32 [None, 1, 8, 8], NCHW" in lines[1]
+    assert lines[-1] == "OK: model.onnx reproduces the exported validation accuracy"
+    (bundle / "inputs.json").unlink()  # a bundle written before inputs.json: the same check
+    assert check_bundle(bundle)[-1] == lines[-1]
+
+
+def test_a_single_logit_output_is_not_scored_by_argmax(tmp_path: Path) -> None:
+    """A binary model with one logit column (the examples' MLP): accuracy not checked, no
+    false mismatch."""
+    from torch import nn
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(30, 1)).eval()
+    bundle = tmp_path / "bundle"
+    bundle.mkdir()
+    _export(model, bundle / "model.onnx")
+    x, y = _val()
+    write_inputs(bundle, {"x": x[:2]}, validation=(x, y.astype(np.float32)))
+    (bundle / "metrics.json").write_text(json.dumps({"final": {"val_accuracy": 0.93}}))
+    lines = check_bundle(bundle)
+    assert any("not checked (the first output has shape (143, 1)" in line for line in lines)
+    assert lines[-1] == "OK: model.onnx runs on inputs of the declared shapes"
