@@ -23,8 +23,8 @@ test: $(STAMP)
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check search trainables tests benchmarks scripts
-	$(VENV)/bin/ruff format --check search trainables tests benchmarks scripts
+	$(VENV)/bin/ruff check search trainables tests benchmarks scripts examples
+	$(VENV)/bin/ruff format --check search trainables tests benchmarks scripts examples
 	$(VENV)/bin/mypy
 
 clean:
