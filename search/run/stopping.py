@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING, Any
 
 from ray.tune.stopper import Stopper
 
+from search.run.scheduler import TIME_ATTR
+
 if TYPE_CHECKING:
     from search.run.bridge import Outcome
 
@@ -94,7 +96,7 @@ class RunStopper(Stopper):
     def __call__(self, trial_id: str, result: dict) -> bool:
         # When a trial's generator returns, Tune hands its last result in once more; that
         # trial ended by itself (early stopping, the budget), whatever the clock says.
-        iteration = result.get("training_iteration")
+        iteration = result.get(TIME_ATTR)
         repeated = iteration is not None and self._seen.get(trial_id) == iteration
         self._seen[trial_id] = iteration
         if repeated or not self.expired:

@@ -200,4 +200,5 @@ def run_trial(config: dict[str, Any], job: TrialJob, data: Dataset) -> None:
     finally:
         for folder in (ctx.checkpoint_dir, ctx.restore_dir):
             if folder:
+                _SAVED.pop(folder, None)  # a reused actor runs many trials
                 shutil.rmtree(folder, ignore_errors=True)
