@@ -4,16 +4,19 @@ A trainable builds and compiles its own Keras 3 model (TensorFlow backend) and h
 to :func:`fit`::
 
     import search.keras
+    from search.contract import trainable
 
+    @trainable(defaults={"lr": 1e-2, "batch_size": 16})
     def train(config, data, ctx):
         search.keras.set_threads(ctx)      # optional; only works before TF's first op
         model = build(config)              # the user's own Keras model, compiled
-        yield from search.keras.fit(
+        return (yield from search.keras.fit(
             model, ctx, x_train, y_train,
             validation_data=(x_val, y_val), batch_size=config["batch_size"],
-        )
+        ))                                 # returns the model, for the export hook
 
-    def export(config, data, ctx, out_dir):  # the export hook: train to the end, save
+    @train.exporter
+    def export(config, data, ctx, out_dir):  # train to the end, save model.keras
         return search.keras.train_and_save(train, config, data, ctx, out_dir)
 
 **Why a thread.** A generator must pause at ``yield``; ``model.fit`` only calls back. So
@@ -81,12 +84,13 @@ def set_threads(ctx: TrialContext) -> bool:
 
 def fit(
     model: Any, ctx: TrialContext, *args: Any, callbacks: Sequence[Any] = (), **fit_kwargs: Any
-) -> Generator[Metrics, None, None]:
+) -> Generator[Metrics, None, Any]:
     """Runs ``model.fit(*args, **fit_kwargs)`` once over the trial's epochs, yielding each.
 
     ``fit`` gets ``epochs=ctx.max_epochs``, ``initial_epoch=ctx.start_epoch - 1``,
-    ``verbose=0`` (unless given) and ``callbacks`` plus the adapter's own. The model is put
-    into ``ctx.extras["model_out"]`` when that is a dict (for :func:`train_to_end`).
+    ``verbose=0`` (unless given) and ``callbacks`` plus the adapter's own. After the last
+    epoch it returns ``model``, so ``return (yield from fit(model, ctx, ...))`` hands the
+    trained model to :func:`train_to_end`.
 
     Yields:
         Each epoch's Keras logs (``loss``, ``val_loss``, ...), every number a Python float.
@@ -99,9 +103,6 @@ def fit(
     if clash := sorted({"epochs", "initial_epoch"} & fit_kwargs.keys()):
         raise TypeError(f"search.keras.fit sets {', '.join(clash)} from the trial's context")
     set_threads(ctx)
-    out = ctx.extras.get("model_out")
-    if isinstance(out, dict):
-        out["model"] = model
     handoff = _Handoff(model, ctx, list(callbacks))
     if ctx.restore_dir:
         handoff.load_weights(Path(ctx.restore_dir))
@@ -115,6 +116,7 @@ def fit(
     finally:
         handoff.stop()
         thread.join()
+    return model
 
 
 class _Handoff:
@@ -223,9 +225,9 @@ def train_and_save(
 ) -> Metrics:
     """An export hook in one call: :func:`train_to_end` with ``train``, then :func:`save_model`.
 
-    ``train`` must use :func:`fit` (which hands its model out). Returns the last epoch's
-    metrics plus ``epochs``, the number of epochs trained.
+    ``train`` must end with ``return (yield from fit(...))`` (:func:`fit` returns the model).
+    Returns the last epoch's metrics plus ``epochs``, the number of epochs trained.
     """
-    handle, last, epochs = train_to_end(train, config, data, ctx)
-    save_model(handle["model"], out_dir)
-    return {**last, "epochs": float(epochs)}
+    trained = train_to_end(train, config, data, ctx)
+    save_model(trained.model, out_dir)
+    return {**trained.metrics, "epochs": float(trained.epochs)}

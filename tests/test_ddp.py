@@ -16,7 +16,7 @@ from typing import Any
 import optuna
 import pytest
 
-from search.contract import TrialContext
+from search.contract import TrialContext, trainable
 from search.contract.dataset import Dataset, load_digits
 from search.run.distributed import data_parallel
 from search.run.runner import RunOptions, run_study
@@ -25,9 +25,8 @@ from tests.conftest import base_spec
 
 pytestmark = [pytest.mark.slow, pytest.mark.torch]
 
-DATA_PARALLEL = True  # the probe below trains "data-parallel"
 
-
+@trainable(data_parallel=True)
 def probe(config: Mapping[str, Any], data: Dataset, ctx: TrialContext) -> Iterator[dict]:
     """Reports what rank 0 learns from the process group: world size, every rank's pid."""
     import torch
@@ -44,7 +43,7 @@ def probe(config: Mapping[str, Any], data: Dataset, ctx: TrialContext) -> Iterat
             "val_accuracy": 0.5,
             "world": float(world),
             "rank": float(rank),
-            "extras_world": float(ctx.extras["ddp_world_size"]),
+            "ctx_world": float(ctx.world_size),
             **{f"pid{r}": float(p.item()) for r, p in enumerate(pids)},
         }
 
@@ -61,7 +60,7 @@ def test_two_gloo_workers_report_through_rank_zero_and_die_with_the_trial() -> N
     ctx = TrialContext(max_epochs=3, num_threads=1)
     epochs = data_parallel("tests.test_ddp:probe", {}, load_digits(0.2, 0), ctx, workers=2)
     first = next(epochs)
-    assert (first["world"], first["rank"], first["extras_world"]) == (2.0, 0.0, 2.0)
+    assert (first["world"], first["rank"], first["ctx_world"]) == (2.0, 0.0, 2.0)
     pids = [int(first["pid0"]), int(first["pid1"])]
     assert len(set(pids)) == 2 and os.getpid() not in pids
     assert all(_alive(pid) for pid in pids)

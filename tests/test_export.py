@@ -174,7 +174,7 @@ def test_torch_export_writes_safetensors_and_an_onnx_that_matches(tmp_path: Path
     final = export(
         config,
         data,
-        TrialContext(max_epochs=2, seed=3, num_threads=2, extras={"history": history}),
+        TrialContext(max_epochs=2, seed=3, num_threads=2, history=history),
         tmp_path,
     )
     assert len(history) == 2 and final["val_accuracy"] == history[-1]["val_accuracy"]

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
 
-from search.contract import TrialContext
+from search.contract import TrialContext, train_to_end
 from search.contract.dataset import image_folder, load_digits, materialize
 from search.record.study import load_study
 from search.run.runner import RunOptions, run_study
@@ -43,23 +43,26 @@ def test_layout_is_read_without_loading_images(png_tree: Path, tmp_path: Path) -
 
 
 def test_the_folder_is_read_into_rgb_arrays_and_split_by_class(png_tree: Path) -> None:
-    data = image_folder(png_tree, 16)
-    arrays = materialize(data, {"val_fraction": 0.25, "split_seed": 0})
+    data = image_folder(png_tree, 16, val_fraction=0.25, split_seed=0)
+    arrays = materialize(data)
     assert arrays.x_train.shape[1:] == (3, 16, 16) and arrays.x_train.dtype == np.float32
     assert len(arrays.x_train) + len(arrays.x_val) == 160 and len(arrays.x_val) == 40
     assert np.bincount(arrays.y_val).tolist() == [4] * 10  # stratified
     assert arrays.x_train.min() >= 0.0 and arrays.x_train.max() <= 255.0
-    assert materialize(load_digits(0.2, 0), {}).name == "digits"  # arrays pass through
-    resized = materialize(data, {"data_path": str(png_tree), "image_size": 8})
-    assert resized.x_val.shape[1:] == (3, 8, 8)  # the runner's extras win over data's
+    assert materialize(load_digits(0.2, 0)).name == "digits"  # arrays pass through
+    moved = png_tree.parent / "moved"
+    shutil.copytree(png_tree, moved)
+    elsewhere = materialize(image_folder(moved, 8), path=str(png_tree))
+    assert elsewhere.x_val.shape[1:] == (3, 8, 8)  # ctx.data_path wins over data.path
+    assert elsewhere.path == str(png_tree)
 
 
 @pytest.mark.torch
 def test_torch_cnn_trains_on_the_folder(png_tree: Path) -> None:
     from trainables.torch import cnn as torch_cnn
 
-    data = image_folder(png_tree, 16)
-    ctx = TrialContext(max_epochs=2, extras={"val_fraction": 0.25, "split_seed": 0})
+    data = image_folder(png_tree, 16, val_fraction=0.25, split_seed=0)
+    ctx = TrialContext(max_epochs=2)
     rows = list(torch_cnn.train({"channels": 8, "lr": 3e-3}, data, ctx))
     assert len(rows) == 2 and 0.0 <= rows[-1]["val_accuracy"] <= 1.0
 
@@ -75,15 +78,11 @@ def test_torch_rnn_and_transfer_train_on_the_folder(name: str, png_tree: Path) -
         "rnn": (torch_rnn.train, {"hidden": 16}),
         "transfer": (torch_transfer.train, {"backbone": "mobilenet_v3_small", "image_size": 32}),
     }[name]
-    out: dict[str, Any] = {}
-    ctx = TrialContext(
-        max_epochs=1,
-        num_threads=1,
-        extras={"data_path": str(png_tree), "image_size": 16, "model_out": out},
-    )
-    rows = list(train(config, image_folder(png_tree, 16), ctx))
+    rows: list[dict[str, float]] = []
+    ctx = TrialContext(max_epochs=1, num_threads=1, data_path=str(png_tree), history=rows)
+    _, tensors = train_to_end(train, config, image_folder(png_tree, 16), ctx).model
     assert len(rows) == 1 and np.isfinite(rows[0]["val_loss"])
-    assert out["data"].x_train.shape[1:] == (3, 16, 16)  # the folder's RGB images
+    assert tensors.x_train.shape[1:] == (3, 16, 16)  # the folder's RGB images
 
 
 @pytest.mark.torch

@@ -177,15 +177,17 @@ def test_train_to_end_and_train_and_save(wine: Arrays, tmp_path: Path) -> None:
 
     def train(config: Any, data: Dataset, ctx: TrialContext) -> Any:
         model = build(lr=config["lr"])
-        yield from search.keras.fit(
-            model, ctx, data.x_train, data.y_train, validation_data=(data.x_val, data.y_val)
+        return (
+            yield from search.keras.fit(
+                model, ctx, data.x_train, data.y_train, validation_data=(data.x_val, data.y_val)
+            )
         )
 
     history: list[dict[str, float]] = []
-    ctx = TrialContext(max_epochs=2, num_threads=2, extras={"history": history})
-    handle, last, epochs = train_to_end(train, {"lr": 1e-2}, data, ctx)
-    assert isinstance(handle["model"], keras.Model) and epochs == 2 and len(history) == 2
-    assert last == history[-1]
+    ctx = TrialContext(max_epochs=2, num_threads=2, history=history)
+    trained = train_to_end(train, {"lr": 1e-2}, data, ctx)
+    assert isinstance(trained.model, keras.Model) and trained.epochs == 2 and len(history) == 2
+    assert trained.metrics == history[-1]
 
     metrics = search.keras.train_and_save(train, {"lr": 1e-2}, data, ctx, tmp_path / "out")
     assert metrics["epochs"] == 2.0 and "val_loss" in metrics

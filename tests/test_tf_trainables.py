@@ -18,7 +18,7 @@ pytest.importorskip("tensorflow")
 
 import keras  # noqa: E402
 
-from search.contract import RESERVED_PREFIX, TrialContext  # noqa: E402
+from search.contract import RESERVED_PREFIX, TrialContext, train_to_end  # noqa: E402
 from search.contract.dataset import Dataset, load_digits  # noqa: E402
 from trainables.tf import cnn as tf_cnn  # noqa: E402
 from trainables.tf import (
@@ -58,13 +58,13 @@ def small(digits: Dataset) -> Dataset:
 
 
 def run(
-    train: Any, config: Mapping[str, Any], data: Dataset, max_epochs: int, **extras: Any
+    train: Any, config: Mapping[str, Any], data: Dataset, max_epochs: int, **fields: Any
 ) -> tuple[list[dict[str, float]], keras.Model]:
-    """All epochs of one trial, and its model (through ``extras["model_out"]``)."""
-    out: dict[str, keras.Model] = {}
-    ctx = TrialContext(max_epochs=max_epochs, num_threads=2, extras={"model_out": out, **extras})
-    metrics = list(train(config, data, ctx))
-    return metrics, out["model"]
+    """All epochs of one trial, and the model its generator returns."""
+    history: list[dict[str, float]] = []
+    ctx = TrialContext(max_epochs=max_epochs, num_threads=2, history=history, **fields)
+    model, _ = train_to_end(train, config, data, ctx).model
+    return history, model
 
 
 @pytest.fixture(scope="module")
@@ -171,14 +171,10 @@ def test_image_folder_trains_one_epoch(digits: Dataset, tmp_path: Path) -> None:
             pixels = (image * 255 / 16).astype(np.uint8)
             Image.fromarray(pixels, "L").resize((16, 16)).save(folder / f"{i}.png")
     empty = np.zeros((0, 1, 8, 8), np.float32)
-    none = Dataset(empty, np.zeros(0, np.int64), empty, np.zeros(0, np.int64), 10, "image_folder")
+    labels = np.zeros(0, np.int64)
+    none = Dataset(empty, labels, empty, labels, 10, "image_folder", image_size=16)
     metrics, model = run(
-        tf_cnn.train,
-        {"channels": 8},
-        none,
-        max_epochs=1,
-        data_path=str(tmp_path / "images"),
-        image_size=16,
+        tf_cnn.train, {"channels": 8}, none, max_epochs=1, data_path=str(tmp_path / "images")
     )
     assert len(metrics) == 1 and set(metrics[0]) >= KEYS
     assert tuple(model.input_shape) == (None, 16, 16, 3)
@@ -198,22 +194,18 @@ def _backbone(model: keras.Model) -> keras.Model:
 def test_transfer_loads_weights_freezes_backbone_and_trains_head(
     pretrained: str, small: Dataset
 ) -> None:
-    out: dict[str, keras.Model] = {}
-    ctx = TrialContext(max_epochs=2, num_threads=2, extras={"model_out": out})
     config = {"lr": 3e-3, "weights_path": pretrained, "freeze_backbone": True}
-    epochs = tf_transfer.train(config, small, ctx)
-    next(epochs)
-    backbone, head = _backbone(out["model"]), out["model"].layers[-1]
-    before, head_before = backbone.get_weights(), head.get_weights()
-    assert len(list(epochs)) == 1
+    cfg = common.read_config(config, tf_transfer.DEFAULTS, tf_transfer.CHOICES)
+    initial, _ = tf_transfer.build_model(cfg, tfdata.from_arrays(small), seed=0)
+    head_before = initial.layers[-1].get_weights()  # the head as built, before any epoch
+    ctx = TrialContext(max_epochs=2, num_threads=2, seed=0)
+    model, _ = train_to_end(tf_transfer.train, config, small, ctx).model
+    backbone, head = _backbone(model), model.layers[-1]
     from_file = tf_transfer.make_backbone("mobilenet_v3_small", 32)
     from_file.load_weights(pretrained)
     fresh = tf_transfer.make_backbone("mobilenet_v3_small", 32)
-    for now, then, saved in zip(
-        backbone.get_weights(), before, from_file.get_weights(), strict=True
-    ):
-        np.testing.assert_array_equal(now, then)  # frozen: moving statistics included
-        np.testing.assert_array_equal(now, saved)  # what the file holds
+    for now, saved in zip(backbone.get_weights(), from_file.get_weights(), strict=True):
+        np.testing.assert_array_equal(now, saved)  # frozen, moving statistics included
     pairs = zip(from_file.get_weights(), fresh.get_weights(), strict=True)
     changed = [not np.allclose(a, b) for a, b in pairs]
     assert sum(changed) > len(changed) // 2  # loading replaced a fresh init
@@ -250,22 +242,18 @@ def test_checkpoint_restores_weights_optimizer_counters_and_epoch(
     )
     state = json.loads((saved / loop.STATE_FILE).read_text())
     assert state["epoch"] == 3 and (saved / loop.WEIGHTS_FILE).exists()
-    out: dict[str, keras.Model] = {}
-    ctx = TrialContext(
-        max_epochs=5,
-        num_threads=2,
-        restore_dir=str(saved),
-        start_epoch=4,
-        extras={"model_out": out},
-    )
-    resumed = list(tf_cnn.train(cfg, digits, ctx))
-    assert len(resumed) == 2  # epochs 4 and 5 only
+    ctx = TrialContext(max_epochs=5, num_threads=2, restore_dir=str(saved), start_epoch=4)
+    epochs = tf_cnn.train(cfg, digits, ctx)
+    resumed = [next(epochs), next(epochs)]  # epochs 4 and 5 only
+    with pytest.raises(StopIteration) as end:
+        next(epochs)
+    model, _ = end.value.value  # what the generator returned
     steps = math.ceil(len(digits.y_train) / 64)
-    assert int(out["model"].optimizer.iterations.numpy()) == 5 * steps  # the step count went on
+    assert int(model.optimizer.iterations.numpy()) == 5 * steps  # the step count went on
     assert resumed[0]["val_accuracy"] > first[0]["val_accuracy"] + 0.05  # not a fresh epoch 1
     assert resumed[0]["val_loss"] < first[0]["val_loss"]
     callbacks = loop.stopping_callbacks(common.read_config(cfg, tf_cnn.DEFAULTS))
-    assert loop.load_state(out["model"], callbacks, str(saved)) == 3
+    assert loop.load_state(model, callbacks, str(saved)) == 3
     for callback, counters in zip(callbacks, state["callbacks"], strict=True):
         assert counters and {k: getattr(callback, k) for k in counters} == counters
         callback.on_train_begin()  # the first fit's reset is spent: patience counts on
@@ -277,7 +265,7 @@ def test_export_hook_saves_a_keras_file_and_a_saved_model(small: Dataset, tmp_pa
 
     assert declarations("tf_cnn").export is tf_cnn.export  # found beside train, as for torch
     history: list[dict[str, float]] = []
-    ctx = TrialContext(max_epochs=1, num_threads=2, extras={"history": history})
+    ctx = TrialContext(max_epochs=1, num_threads=2, history=history)
     final = tf_cnn.export({"channels": 8}, small, ctx, tmp_path)
     assert (tmp_path / "model.keras").exists() and (tmp_path / "saved_model").is_dir()
     assert final["epochs"] == 1.0 and len(history) == 1

@@ -16,8 +16,8 @@ import pytest
 torch = pytest.importorskip("torch")  # before TensorFlow: the other order segfaults here
 pytest.importorskip("tensorflow")
 
-from search.contract import TrialContext  # noqa: E402
-from search.contract.dataset import image_folder  # noqa: E402
+from search.contract import TrialContext, train_to_end  # noqa: E402
+from search.contract.dataset import Dataset, image_folder  # noqa: E402
 from trainables.tf import data as tf_data  # noqa: E402
 from trainables.tf import devices as tf_devices  # noqa: E402
 from trainables.torch import data as torch_data  # noqa: E402
@@ -54,19 +54,14 @@ def folder(tmp_path_factory: pytest.TempPathFactory) -> Folder:
     return root, files
 
 
-def context(root: Path, **extras: Any) -> TrialContext:
+def context(root: Path) -> TrialContext:
     """What the runner passes a trial of ``data: {name: image_folder}``."""
-    return TrialContext(
-        max_epochs=1,
-        num_threads=2,
-        extras={
-            "data_path": str(root),
-            "image_size": SIZE,
-            "val_fraction": 0.3,
-            "split_seed": 5,
-            **extras,
-        },
-    )
+    return TrialContext(max_epochs=1, num_threads=2, data_path=str(root))
+
+
+def folder_data(root: Path) -> Dataset:
+    """What the driver loads for ``data: {name: image_folder}`` (the layout only)."""
+    return image_folder(root, SIZE, val_fraction=0.3, split_seed=5)
 
 
 def torch_images(x: torch.Tensor, scale: float) -> np.ndarray:
@@ -91,7 +86,7 @@ def test_both_frameworks_get_the_same_files_split_subsample_and_scaling(
     folder: Folder, train_fraction: float
 ) -> None:
     root, files = folder
-    data = image_folder(root, SIZE)
+    data = folder_data(root)
     tensors = torch_data.load_data(data, context(root), train_fraction)
     splits = tf_data.load_data(data, context(root), train_fraction)
 
@@ -124,14 +119,11 @@ def test_both_cnns_hand_out_their_model_and_data_the_same_way(folder: Folder) ->
 
     root, _ = folder
     config = {"channels": 4, "train_fraction": 0.5}
-    handles: dict[str, dict[str, Any]] = {"torch": {}, "tf": {}}
-    for name, train in (("torch", torch_cnn.train), ("tf", tf_cnn.train)):
-        ctx = context(root, model_out=handles[name])
-        epochs = train(config, image_folder(root, SIZE), ctx)
-        next(epochs)  # one epoch; the handle was filled as soon as the model was built
-        assert set(handles[name]) == {"model", "data"}
-        epochs.close()
-    torch_handle, tf_handle = handles["torch"], handles["tf"]
-    assert isinstance(torch_handle["model"], torch.nn.Module)
-    assert len(torch_handle["data"].y_train) == tf_handle["data"].n_train == 10
-    assert tuple(tf_handle["model"].input_shape) == (None, SIZE, SIZE, 3)
+    returned = {
+        name: train_to_end(train, config, folder_data(root), context(root)).model
+        for name, train in (("torch", torch_cnn.train), ("tf", tf_cnn.train))
+    }
+    (torch_model, tensors), (tf_model, splits) = returned["torch"], returned["tf"]
+    assert isinstance(torch_model, torch.nn.Module)
+    assert len(tensors.y_train) == splits.n_train == 10
+    assert tuple(tf_model.input_shape) == (None, SIZE, SIZE, 3)

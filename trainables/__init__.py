@@ -21,6 +21,8 @@ importing this package imports no framework::
 The twins are built the same way: ``cfg, device = setup(...)``, ``data = load_data(data, ctx,
 train_fraction)`` (an image folder is read by :func:`search.contract.dataset.materialize` for
 both, so both see the same files, split and numbers), build the model, then
-``yield from fit_epochs(model, data, cfg, ctx, device)``, which first puts the model and its
-data into ``ctx.extras["model_out"]`` for the export hook (``export = make_exporter(train)``).
+``return (yield from fit_epochs(model, data, cfg, ctx, device))``: the generator returns
+``(model, data)`` after its last epoch, for the export hook (``train.exporter(make_exporter(
+train))``). Each ``train`` declares its defaults and data-parallel mode with
+:func:`search.contract.trainable`.
 """

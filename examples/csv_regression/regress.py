@@ -7,13 +7,13 @@ every trial receives its result; ``train`` fits ``SGDRegressor`` one pass per ep
 from __future__ import annotations
 
 import pickle
-from collections.abc import Iterator, Mapping
+from collections.abc import Generator, Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from search.contract import TrialContext, train_to_end
+from search.contract import TrialContext, train_to_end, trainable
 from search.contract.inputs import write_inputs
 
 DEFAULTS = {"alpha": 1e-4, "eta0": 1e-2, "penalty": "l2"}
@@ -38,17 +38,16 @@ def load(path: str, target: str, val_fraction: float = 0.2, seed: int = 0) -> di
     }
 
 
+@trainable(defaults=DEFAULTS)
 def train(
     config: Mapping[str, Any], data: dict[str, Any], ctx: TrialContext
-) -> Iterator[dict[str, float]]:
+) -> Generator[dict[str, float], None, Any]:
     from sklearn.linear_model import SGDRegressor
 
     cfg = {**DEFAULTS, **config}
     model = SGDRegressor(
         alpha=cfg["alpha"], eta0=cfg["eta0"], penalty=cfg["penalty"], random_state=ctx.seed
     )
-    if isinstance(ctx.extras.get("model_out"), dict):
-        ctx.extras["model_out"]["model"] = model
     scale = float(np.std(data["y_train"]))  # fit the target in units of its spread
     for _ in range(ctx.start_epoch, ctx.max_epochs + 1):
         model.partial_fit(data["x_train"], data["y_train"] / scale)
@@ -57,14 +56,16 @@ def train(
             np.mean((model.predict(data["x_train"]) * scale - data["y_train"]) ** 2)
         )
         yield {"val_rmse": rmse, "train_rmse": train_rmse}
+    return model  # what train_to_end hands the export hook
 
 
+@train.exporter
 def export(
     config: Mapping[str, Any], data: dict[str, Any], ctx: TrialContext, out_dir: Path
 ) -> dict[str, float]:
     """Trains like ``train``, pickles the model; no ONNX (the card says what is not checked)."""
-    handle, last, _ = train_to_end(train, config, data, ctx)
+    trained = train_to_end(train, config, data, ctx)
     out_dir.mkdir(parents=True, exist_ok=True)
-    (out_dir / "model.pkl").write_bytes(pickle.dumps(handle["model"]))
+    (out_dir / "model.pkl").write_bytes(pickle.dumps(trained.model))
     write_inputs(out_dir, {"x": data["x_val"][:2].astype(np.float64)})
-    return last
+    return trained.metrics

@@ -6,14 +6,14 @@ epoch's logs go to the study; ASHA's prune stops training cleanly.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Generator, Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 import search.keras
-from search.contract import TrialContext
+from search.contract import TrialContext, trainable
 from search.contract.inputs import write_inputs
 
 DEFAULTS = {"lr": 1e-2, "units": 16, "batch_size": 16, "patience": 3}
@@ -51,9 +51,10 @@ def build(cfg: Mapping[str, Any], features: int) -> Any:
     return model
 
 
+@trainable(defaults=DEFAULTS)
 def train(
     config: Mapping[str, Any], data: dict[str, np.ndarray], ctx: TrialContext
-) -> Iterator[dict[str, float]]:
+) -> Generator[dict[str, float], None, Any]:
     import keras
 
     cfg = {**DEFAULTS, **config}
@@ -61,17 +62,20 @@ def train(
     keras.utils.set_random_seed(ctx.seed)
     model = build(cfg, data["x_train"].shape[1])
     stop = keras.callbacks.EarlyStopping("val_loss", patience=cfg["patience"])
-    yield from search.keras.fit(
-        model,
-        ctx,
-        data["x_train"],
-        data["y_train"],
-        validation_data=(data["x_val"], data["y_val"]),
-        batch_size=cfg["batch_size"],
-        callbacks=[stop],
+    return (
+        yield from search.keras.fit(  # returns the trained model
+            model,
+            ctx,
+            data["x_train"],
+            data["y_train"],
+            validation_data=(data["x_val"], data["y_val"]),
+            batch_size=cfg["batch_size"],
+            callbacks=[stop],
+        )
     )
 
 
+@train.exporter
 def export(
     config: Mapping[str, Any], data: dict[str, np.ndarray], ctx: TrialContext, out_dir: Path
 ) -> dict[str, float]:

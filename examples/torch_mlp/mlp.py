@@ -1,12 +1,13 @@
 """A plain PyTorch MLP on scikit-learn's breast-cancer data: the path most users take.
 
 Nothing here knows Ray or Optuna. ``load`` runs once, in the driver; ``train`` yields one
-metrics dict per epoch; ``export`` trains once more and saves the model.
+metrics dict per epoch and returns its model; ``export`` trains once more and saves it.
+``@trainable`` declares the knobs ``train`` reads, so a typo in the space fails up front.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Generator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +15,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from search.contract import TrialContext, train_to_end
+from search.contract import TrialContext, train_to_end, trainable
 from search.contract.inputs import write_inputs
 
 DEFAULTS = {"lr": 1e-3, "hidden": 32, "dropout": 0.0, "weight_decay": 0.0, "batch_size": 64}
@@ -48,17 +49,16 @@ def build(cfg: Mapping[str, Any], features: int) -> nn.Module:
     )
 
 
+@trainable(defaults=DEFAULTS)
 def train(
     config: Mapping[str, Any], data: dict[str, np.ndarray], ctx: TrialContext
-) -> Iterator[dict[str, float]]:
+) -> Generator[dict[str, float], None, nn.Module]:
     cfg = {**DEFAULTS, **config}
     torch.manual_seed(ctx.seed)
     torch.set_num_threads(ctx.num_threads)
     x_tr, y_tr = torch.from_numpy(data["x_train"]), torch.from_numpy(data["y_train"])
     x_va, y_va = torch.from_numpy(data["x_val"]), torch.from_numpy(data["y_val"])
     model = build(cfg, x_tr.shape[1])
-    if isinstance(ctx.extras.get("model_out"), dict):  # the export hook's handle on the model
-        ctx.extras["model_out"]["model"] = model
     opt = torch.optim.AdamW(model.parameters(), lr=cfg["lr"], weight_decay=cfg["weight_decay"])
     loss_fn = nn.BCEWithLogitsLoss()
     for _ in range(ctx.start_epoch, ctx.max_epochs + 1):
@@ -74,14 +74,16 @@ def train(
             val_loss = loss_fn(logits, y_va)
             accuracy = ((logits > 0).float() == y_va).float().mean()
         yield {"val_loss": val_loss, "val_accuracy": accuracy, "train_loss": loss}
+    return model  # what train_to_end hands the export hook
 
 
+@train.exporter
 def export(
     config: Mapping[str, Any], data: dict[str, np.ndarray], ctx: TrialContext, out_dir: Path
 ) -> dict[str, float]:
     """Trains like ``train`` (to the end), then saves ``model.pt`` and ``model.onnx``."""
-    handle, last, _ = train_to_end(train, config, data, ctx)
-    model = handle["model"].eval()
+    trained = train_to_end(train, config, data, ctx)
+    model = trained.model.eval()
     out_dir.mkdir(parents=True, exist_ok=True)
     torch.save(model.state_dict(), out_dir / "model.pt")
     example = torch.from_numpy(data["x_val"][:2])
@@ -95,4 +97,4 @@ def export(
         dynamo=False,
     )
     write_inputs(out_dir, {"x": data["x_val"][:2]})
-    return last
+    return trained.metrics

@@ -4,7 +4,7 @@ What a trainable receives (:class:`TrialContext`, :class:`Dataset`), how it is f
 its module declares (:mod:`.registry`), and the one loop that drives it (:mod:`.driver`).
 A user's trainable needs nothing else::
 
-    from search.contract import Dataset, Metrics, TrialContext
+    from search.contract import Dataset, Metrics, TrialContext, trainable, train_to_end
 """
 
 from search.contract.context import (
@@ -16,8 +16,10 @@ from search.contract.context import (
     TrialContext,
 )
 from search.contract.dataset import Dataset
+from search.contract.declare import Declaration, trainable
 from search.contract.driver import (
     Epoch,
+    Trained,
     as_metrics,
     drive,
     metric_problem,
@@ -38,11 +40,13 @@ __all__ = [
     "ConfigError",
     "RESERVED_PREFIX",
     "Dataset",
+    "Declaration",
     "Declarations",
     "Epoch",
     "ExportFn",
     "Metrics",
     "TrainFn",
+    "Trained",
     "TrialContext",
     "UnknownTrainableError",
     "as_metrics",
@@ -52,5 +56,6 @@ __all__ = [
     "metric_problem",
     "nonfinite_reason",
     "train_to_end",
+    "trainable",
     "write_inputs",
 ]

@@ -10,8 +10,12 @@ A trainable is a plain generator function, independent of Ray and Optuna::
 
 It yields one metrics dict per epoch it trained (:mod:`search.contract.driver` drives it).
 When ASHA stops the trial, the generator is simply closed. A trainable that stops early on its
-own rule just returns. Keys that start with :data:`RESERVED_PREFIX` belong to the framework and
-must not be yielded.
+own rule just returns. It may ``return model`` at its end: an export hook gets that object from
+:func:`~search.contract.driver.train_to_end`. Keys that start with :data:`RESERVED_PREFIX`
+belong to the framework and must not be yielded.
+
+Everything a trainable needs from the framework is a typed field of :class:`TrialContext`;
+``extras`` holds only what a user's own code chooses to read.
 """
 
 from __future__ import annotations
@@ -50,7 +54,7 @@ class TrialContext:
         device: ``"cuda"`` when Ray gave the trial a GPU, else ``"cpu"``.
         trial_number: The Optuna trial number (0 for a run outside a study).
         trial_dir: A folder the trial may write into (profiles, artifacts).
-        extras: Spec-level options a trainable may read (for example ``profile``).
+        extras: Free-form options for the trainable's own use; the framework reads none.
         checkpoint_dir: When set, a folder the trainable should write its state into (model,
             optimizer, scheduler; overwriting) just before each ``yield``. The framework turns
             it into that epoch's Ray Tune checkpoint. A trainable that writes nothing simply
@@ -65,6 +69,13 @@ class TrialContext:
             trainable only reads it.
         data_path: The folder of an ``image_folder`` dataset (``None`` otherwise).
         replicas: The devices an ``in_process`` data-parallel trial spreads over.
+        rank: This process's rank in a ``processes`` data-parallel trial (0 reports).
+        world_size: How many processes train the trial together (1: no data parallelism).
+        gpu_total_bytes: The memory of the trial's GPU, when the framework measured it.
+        max_steps: When set, train at most this many batches per epoch (a memory probe).
+        profile: Whether this trial should profile itself (the spec's ``profile`` chose it).
+        history: When a list, :func:`~search.contract.driver.train_to_end` appends each
+            epoch's metrics to it (an export's learning curve).
 
     Example:
         >>> ctx = TrialContext(max_epochs=3, seed=7)
@@ -86,3 +97,9 @@ class TrialContext:
     gpu_memory_fraction: float | None = None
     data_path: str | None = None
     replicas: int = 1
+    rank: int = 0
+    world_size: int = 1
+    gpu_total_bytes: int | None = None
+    max_steps: int | None = None
+    profile: bool = False
+    history: list[Metrics] | None = None

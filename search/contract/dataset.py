@@ -17,10 +17,8 @@ the training split's largest value.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
@@ -39,6 +37,8 @@ class Dataset:
         path: For folder datasets, the absolute folder (arrays are then empty and each trial
             reads the folder with :func:`materialize`).
         image_size: For folder datasets, the side images are resized to.
+        val_fraction: For folder datasets, the share of images that validate.
+        split_seed: For folder datasets, the seed of the training/validation split.
     """
 
     x_train: np.ndarray
@@ -49,6 +49,8 @@ class Dataset:
     name: str
     path: str | None = None
     image_size: int | None = None
+    val_fraction: float = 0.2
+    split_seed: int = 0
 
     @property
     def input_shape(self) -> tuple[int, ...]:
@@ -116,7 +118,9 @@ def folder_classes(root: Path) -> list[str]:
     )
 
 
-def image_folder(path: str | Path, image_size: int | None) -> Dataset:
+def image_folder(
+    path: str | Path, image_size: int | None, val_fraction: float = 0.2, split_seed: int = 0
+) -> Dataset:
     """A folder of class subfolders; only its layout is read here, never the images.
 
     Raises:
@@ -130,8 +134,18 @@ def image_folder(path: str | Path, image_size: int | None) -> Dataset:
         raise FileNotFoundError(f"data.path: {root} has no class subfolders with images")
     empty = np.zeros((0, 3, image_size or 32, image_size or 32), np.float32)
     labels = np.zeros((0,), np.int64)
+    size = image_size or 32
     return Dataset(
-        empty, labels, empty, labels, len(classes), "image_folder", str(root), image_size or 32
+        empty,
+        labels,
+        empty,
+        labels,
+        len(classes),
+        "image_folder",
+        str(root),
+        size,
+        val_fraction,
+        split_seed,
     )
 
 
@@ -172,20 +186,30 @@ def read_image_folder(path: str | Path, image_size: int, val_fraction: float, se
     files, y, classes = folder_files(path)
     x = np.stack([read_image(f, image_size) for f in files])
     x_tr, y_tr, x_va, y_va = split(x, y, val_fraction, seed)
-    return Dataset(x_tr, y_tr, x_va, y_va, len(classes), "image_folder", str(path), image_size)
+    return Dataset(
+        x_tr,
+        y_tr,
+        x_va,
+        y_va,
+        len(classes),
+        "image_folder",
+        str(path),
+        image_size,
+        val_fraction,
+        seed,
+    )
 
 
-def materialize(data: Dataset, extras: Mapping[str, Any]) -> Dataset:
+def materialize(data: Dataset, path: str | None = None) -> Dataset:
     """The arrays a trial trains on: ``data`` itself, or the image folder it names, read now.
 
-    The folder is ``extras["data_path"]`` (the runner sets it) or else ``data.path``. It is
-    read at ``extras["image_size"]`` or else ``data.image_size`` (default 32) and split with
-    ``extras["val_fraction"]`` (0.2) and ``extras["split_seed"]`` (0). Trainables call it
-    inside the trial, so the driver never holds the images.
+    The folder is ``path`` (a trial passes ``ctx.data_path``) or else ``data.path``, read at
+    ``data.image_size`` (default 32) and split with ``data.val_fraction`` and
+    ``data.split_seed``. Trainables call it inside the trial, so the driver never holds the
+    images.
     """
-    path = extras.get("data_path") or data.path
-    if not path:
+    folder = path or data.path
+    if not folder:
         return data
-    size = int(extras.get("image_size") or data.image_size or 32)
-    val_fraction = float(extras.get("val_fraction", 0.2))
-    return read_image_folder(str(path), size, val_fraction, int(extras.get("split_seed", 0)))
+    size = int(data.image_size or 32)
+    return read_image_folder(str(folder), size, data.val_fraction, data.split_seed)

@@ -4,7 +4,8 @@ A Ray trial (:mod:`search.run.worker`), a confirmation run, the final training o
 ``python -m search train`` and the GPU memory probe all iterate a trainable the same way
 (:func:`drive`): number each epoch, turn its metrics into plain floats once, stop after the
 first non-finite metric or at the epoch budget, and close the generator however the loop
-ends. :func:`train_to_end` is that loop for export hooks, which also need the model.
+ends. :func:`train_to_end` is that loop for export hooks, which also need the model the
+trainable returns.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import numbers
 from collections.abc import Generator, Iterable, Mapping
 from contextlib import closing
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from search.contract.context import Metrics, TrainFn, TrialContext
 
@@ -143,37 +144,64 @@ def drive(
             close()
 
 
+@dataclass(frozen=True)
+class Trained:
+    """What :func:`train_to_end` gives an export hook.
+
+    Args:
+        model: What the trainable returned at its end (its model, or whatever it chose).
+        metrics: The last epoch's metrics.
+        epochs: How many epochs it trained.
+    """
+
+    model: Any
+    metrics: Metrics
+    epochs: int
+
+
 def train_to_end(
     train: TrainFn, config: Mapping[str, Any], data: Dataset, ctx: TrialContext
-) -> tuple[dict[str, Any], Metrics, int]:
-    """Runs ``train`` through every epoch for an export hook, capturing the model it exposes.
+) -> Trained:
+    """Runs ``train`` through every epoch for an export hook and keeps what it returns.
 
-    The trainable hands its model out through ``ctx.extras["model_out"]`` (a dict it fills);
-    each epoch's metrics are appended to ``ctx.extras["history"]`` when that is a list.
-    Checkpointing is off: an export trains in one go.
-
-    Returns:
-        The filled ``model_out`` dict, the last epoch's metrics, and the epochs trained.
+    The trainable's generator ends with ``return model``; that object is
+    :attr:`Trained.model`. Each epoch's metrics are appended to ``ctx.history`` when that is
+    a list. Checkpointing is off: an export trains in one go.
 
     Raises:
-        RuntimeError: When the trainable did not expose its model.
+        RuntimeError: When the trainable returned nothing (``None``).
+
+    Example:
+        >>> def train(config, data, ctx):
+        ...     for epoch in range(ctx.start_epoch, ctx.max_epochs + 1):
+        ...         yield {"loss": 1 / epoch}
+        ...     return "the model"
+        >>> trained = train_to_end(train, {}, None, TrialContext(max_epochs=2))
+        >>> trained.model, trained.metrics, trained.epochs
+        ('the model', {'loss': 0.5}, 2)
     """
-    handle: dict[str, Any] = {}
-    history = ctx.extras.get("history")
-    run_ctx = dataclasses.replace(
-        ctx,
-        extras={**ctx.extras, "model_out": handle},
-        checkpoint_dir=None,
-        restore_dir=None,
-        start_epoch=1,
-    )
+    run_ctx = dataclasses.replace(ctx, checkpoint_dir=None, restore_dir=None, start_epoch=1)
+    returned: list[Any] = []
+
+    def keep_return() -> Generator[Mapping[str, Any], None, None]:
+        epochs = cast(Generator[Mapping[str, Any], None, Any], train(config, data, run_ctx))
+        returned.append((yield from epochs))
+
     last: Metrics = {}
-    epochs = 0
-    with closing(drive(train(config, data, run_ctx), ctx.max_epochs)) as run:
+    epochs, failed = 0, None
+    # One epoch past the budget, so that a trainable that ends on its own reaches its return.
+    with closing(drive(keep_return(), ctx.max_epochs + 1)) as run:
         for epoch in run:
-            last, epochs = dict(epoch.metrics), epoch.number
-            if isinstance(history, list):
-                history.append(dict(epoch.metrics))
-    if "model" not in handle:
-        raise RuntimeError("the trainable did not expose its model (ctx.extras['model_out'])")
-    return handle, last, epochs
+            if epoch.number > ctx.max_epochs:
+                break
+            last, epochs, failed = dict(epoch.metrics), epoch.number, epoch.fail_reason
+            if ctx.history is not None:
+                ctx.history.append(dict(epoch.metrics))
+    if failed:
+        raise RuntimeError(f"training failed: {failed}")
+    if not returned or returned[0] is None:
+        raise RuntimeError(
+            f"the trainable {getattr(train, '__qualname__', train)!r} returned no model: end "
+            "its generator with `return model` after its last epoch"
+        )
+    return Trained(returned[0], last, epochs)

@@ -1,20 +1,10 @@
-"""Finding a trainable and reading what its module declares, in one place.
+"""Finding a trainable and reading what it declares, in one place.
 
 A spec names a trainable by a built-in name (:data:`BUILTIN`, imported only when used, so a
-PyTorch run never imports TensorFlow) or as ``package.module:function``. Beside the function,
-its module may declare:
-
-``DEFAULTS``
-    A mapping of every knob the trainable reads to its default. The spec's knobs are checked
-    against it before any trial starts, and an exported config lists every knob.
-``DATA_PARALLEL``
-    ``True`` (one process per device, ``torch.distributed``: :data:`PROCESSES`) or
-    ``"in_process"`` (one process mirrors the model over its devices: :data:`IN_PROCESS`).
-An export hook
-    ``export(config, data, ctx, out_dir) -> metrics`` beside ``train``, or ``<function>_export``
-    beside any other function (:mod:`search.contract.driver` has the ``train_to_end`` helper).
-
-:func:`declarations` reads all of them; nothing else in the framework imports a trainable.
+PyTorch run never imports TensorFlow) or as ``package.module:function``. What the function
+declares beside itself (defaults, data-parallel mode, export hook) comes from the
+:func:`~search.contract.declare.trainable` decorator. :func:`declarations` reads it; nothing
+else in the framework imports a trainable.
 """
 
 from __future__ import annotations
@@ -27,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any, Final, Literal
 
 from search.contract.context import ExportFn, TrainFn
+from search.contract.declare import declared
 
 BUILTIN: dict[str, str] = {
     "torch_cnn": "trainables.torch.cnn:train",
@@ -112,12 +103,12 @@ def resolve_function(name: str, what: str = "function") -> Any:
 
 @dataclass(frozen=True)
 class Declarations:
-    """What a trainable's module declares (module docstring).
+    """What a trainable declares, as the framework uses it.
 
     Args:
         name: The trainable's name in the spec.
         train: The training generator function.
-        defaults: ``DEFAULTS`` (knob -> default), or ``None`` when the module declares none.
+        defaults: Knob -> default, or ``None`` when the trainable declares none.
         data_parallel: How one trial trains on several devices (``None``: one replica).
         export: The export hook, or ``None``.
     """
@@ -139,7 +130,10 @@ def _parallel_mode(declared: Any) -> ParallelMode:
 
 @functools.cache
 def declarations(name: str) -> Declarations:
-    """Imports ``name``'s module once and reads its declarations.
+    """Imports ``name``'s module once and reads what its function declares.
+
+    A function without the :func:`~search.contract.declare.trainable` decorator declares
+    nothing: no defaults (its knobs are not checked), one replica, no export hook.
 
     Raises:
         UnknownTrainableError: When the module or the function is missing.
@@ -150,20 +144,14 @@ def declarations(name: str) -> Declarations:
         (True, True, None)
     """
     check_trainable(name)
-    module_name, func_name = target(name)
-    module = importlib.import_module(module_name)
-    train = getattr(module, func_name, None)
-    if not callable(train):
-        raise UnknownTrainableError(
-            f"trainable {name!r}: module {module_name!r} has no function {func_name!r}"
-        )
-    hooks = [f"{func_name}_export"] + (["export"] if func_name == "train" else [])
-    export = next((h for h in (getattr(module, n, None) for n in hooks) if callable(h)), None)
-    defaults = getattr(module, "DEFAULTS", None)
+    train = resolve_function(BUILTIN.get(name, name), what="trainable")
+    found = declared(train)
+    if found is None:
+        return Declarations(name=name, train=train)
     return Declarations(
         name=name,
         train=train,
-        defaults=defaults if isinstance(defaults, Mapping) else None,
-        data_parallel=_parallel_mode(getattr(module, "DATA_PARALLEL", None)),
-        export=export,
+        defaults=found.defaults,
+        data_parallel=_parallel_mode(found.data_parallel),
+        export=found.export,
     )

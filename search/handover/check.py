@@ -203,14 +203,10 @@ def _dataset_split(folder: Path, config: dict[str, Any] | None) -> tuple[Any, An
         return data.x_val, data.y_val, f"the digits' validation split ({len(data.y_val)})"
     if not spec.path or not Path(spec.path).is_dir():
         return f"the image folder {spec.path} is not on this machine"
-    extras = {
-        "data_path": spec.path,
-        "image_size": spec.image_size,
-        "val_fraction": spec.val_fraction,
-        "split_seed": spec.split_seed,
-    }
     try:
-        data = materialize(image_folder(spec.path, spec.image_size), extras)
+        data = materialize(
+            image_folder(spec.path, spec.image_size, spec.val_fraction, spec.split_seed)
+        )
     except (OSError, ValueError) as exc:
         return f"the image folder {spec.path} cannot be read: {_first_line(exc)}"
     return data.x_val, data.y_val, f"the image folder's validation split ({len(data.y_val)})"

@@ -190,7 +190,7 @@ def confirmation_seeds(spec: StudySpec, count: int) -> list[int]:
 def resolved_config(spec: StudySpec, params: Mapping[str, Any]) -> dict[str, Any]:
     """``fixed`` and ``params``, plus every other knob the trainable reads at its default.
 
-    The defaults come from the trainable module's ``DEFAULTS`` dict when it has one, so the
+    The defaults come from the trainable's ``@trainable(defaults=...)`` when it has them, so the
     exported config does not depend on defaults that a later version might change.
     """
     plain = (str, int, float, bool, type(None))

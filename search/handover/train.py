@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from search.contract import Epoch, declarations, drive, nonfinite_reason
 from search.errors import SearchError
 from search.run.data import load_data
-from search.run.job import trial_context, trial_job
+from search.run.job import PROFILE, trial_context, trial_job
 
 if TYPE_CHECKING:
     from search.contract import Dataset
@@ -69,7 +69,7 @@ def train_once(
         number=number,
         device=device,
         trial_dir=folder,
-        extras={"profile": False},
+        extras={PROFILE: False},
     )
     history: list[dict[str, float]] = []
     reason: str | None = None
@@ -149,7 +149,8 @@ def export_model(
         seed=seed,
         device=local_device(spec),
         trial_dir=folder,
-        extras={"profile": False, "history": history},
+        extras={PROFILE: False},
+        history=history,
     )
     final = export(config, data, ctx, out_dir)
     reason = nonfinite_reason(final, len(history)) if final else "no epoch trained"

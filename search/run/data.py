@@ -35,7 +35,7 @@ def load_data(spec: DataSpec) -> Any:
                 "call it by hand to see the traceback"
             ) from exc
     if spec.name == "image_folder":
-        return image_folder(spec.path or "", spec.image_size)
+        return image_folder(spec.path or "", spec.image_size, spec.val_fraction, spec.split_seed)
     return load_digits(spec.val_fraction, spec.split_seed)
 
 

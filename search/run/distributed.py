@@ -3,7 +3,7 @@
 When a trial has several workers (``gpus_per_trial: 2`` or more, or ``workers_per_trial: 2`` on
 CPU), the trial's Ray actor starts that many worker processes (``python -m
 search.run.distributed``), each with its own end of a socket pair. Every worker runs the same
-trainable generator with ``ctx.extras`` naming its rank and the world size; the trainable (the
+trainable generator with ``ctx.rank`` and ``ctx.world_size`` set; the trainable (the
 PyTorch built-ins' loop, ``trainables/torch/loop.py``) wraps its model in
 ``DistributedDataParallel``, gives each rank its shard of every global batch and all-reduces
 the metrics. Rank 0 sends each epoch's metrics to the actor and waits until the actor asks for
@@ -42,18 +42,7 @@ from search.contract import declarations
 if TYPE_CHECKING:
     from search.contract import Dataset, Metrics, TrialContext
 
-DDP_RANK = "ddp_rank"
-"""``ctx.extras`` key: this process's rank (0 reports)."""
-DDP_WORLD = "ddp_world_size"
-"""``ctx.extras`` key: how many processes train the trial."""
-DDP_STORE = "ddp_store"
-"""``ctx.extras`` key: the ``file://`` rendezvous of the trial's process group."""
 FD_ENV = "SEARCH_DDP_FD"
-
-
-def rank_and_world(extras: Mapping[str, Any]) -> tuple[int, int]:
-    """``(rank, world size)`` from a trial's extras; ``(0, 1)`` for a single process."""
-    return int(extras.get(DDP_RANK, 0)), int(extras.get(DDP_WORLD, 1))
 
 
 def _send(conn: Connection, message: tuple[str, Any]) -> None:
@@ -76,7 +65,7 @@ def data_parallel(
     Closing the generator (ASHA stopped the trial) kills the processes.
     """
     folder = tempfile.mkdtemp(prefix="search-ddp-")
-    extras = {**ctx.extras, DDP_WORLD: workers, DDP_STORE: f"file://{folder}/store"}
+    store = f"file://{folder}/store"
     path = dict.fromkeys(os.path.abspath(p or ".") for p in sys.path)  # what this process imports
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(path)}
     procs: list[subprocess.Popen[bytes]] = []
@@ -97,10 +86,12 @@ def data_parallel(
             conns.append(Connection(ours.detach()))
             rank_ctx = replace(
                 ctx,
-                extras={**extras, DDP_RANK: rank, **({} if rank == 0 else {"profile": False})},
+                rank=rank,
+                world_size=workers,
+                profile=ctx.profile and rank == 0,
                 checkpoint_dir=ctx.checkpoint_dir if rank == 0 else None,
             )
-            conns[rank].send((trainable, dict(params), data, rank_ctx))
+            conns[rank].send((trainable, dict(params), data, rank_ctx, store))
         done: set[int] = set()
         while len(done) < workers:
             # A process that dies closes its socket: wait() wakes and recv() raises EOFError.
@@ -136,8 +127,8 @@ def _worker(conn: Connection) -> None:
     """One training process: join the group, run the generator, report (rank 0).
 
     Every error, from joining the group to the last epoch, goes to the actor as it is."""
-    trainable, params, data, ctx = conn.recv()
-    rank, world = rank_and_world(ctx.extras)
+    trainable, params, data, ctx, store = conn.recv()
+    rank, world = ctx.rank, ctx.world_size
     try:
         import torch
         import torch.distributed as dist
@@ -147,7 +138,7 @@ def _worker(conn: Connection) -> None:
             torch.cuda.set_device(rank)
         dist.init_process_group(
             "nccl" if cuda else "gloo",
-            init_method=ctx.extras[DDP_STORE],
+            init_method=store,
             rank=rank,
             world_size=world,
         )

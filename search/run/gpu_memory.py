@@ -33,8 +33,6 @@ if TYPE_CHECKING:
 
 _log = logging.getLogger(__name__)
 
-MAX_STEPS = "max_steps"
-"""``ctx.extras`` key: train at most this many batches per epoch (the measurement only)."""
 MEASURE_STEPS = 3
 MEASURE_TIMEOUT_S = 600.0
 OOM_RETRIES = 2
@@ -111,7 +109,7 @@ def measure_peak(
         return None
     job = TrialJob(trainable, max_epochs=1, extras=extras)
     ctx = trial_context(
-        job, seed=0, device="cuda", extras={MAX_STEPS: steps, GPU_MEMORY_FRACTION: None}
+        job, seed=0, device="cuda", extras={GPU_MEMORY_FRACTION: None}, max_steps=steps
     )
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats()

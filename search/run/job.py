@@ -8,11 +8,16 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from search.contract import TrialContext
+from search.run.placement import GPU_MEMORY_FRACTION, GPU_SHARE, GPU_TOTAL_BYTES, REPLICAS
 
 if TYPE_CHECKING:
     from search.contract import Dataset
     from search.run.placement import Placement
     from search.spec.schema import StudySpec
+
+
+PROFILE, PROFILE_TRIAL, DATA_PATH = "profile", "profile_trial", "data_path"
+"""Keys of :func:`trial_extras` besides :meth:`search.run.placement.Placement.extras`."""
 
 
 @dataclass(frozen=True)
@@ -26,7 +31,7 @@ class TrialJob:
         num_threads: CPU threads each training process uses.
         checkpoints: Whether trials checkpoint each epoch (``faults.checkpoints``).
         workers: Processes that train each trial data-parallel (:mod:`search.run.distributed`).
-        extras: What every trial's ``ctx.extras`` holds (:func:`trial_extras`).
+        extras: What every trial is told (:func:`trial_extras`).
     """
 
     trainable: str
@@ -41,19 +46,17 @@ class TrialJob:
 def trial_extras(
     spec: StudySpec, data: Dataset, placement: Placement | None = None
 ) -> dict[str, Any]:
-    """Spec-level options every trial may read through ``TrialContext.extras``.
+    """What the framework tells every trial, carried to :func:`trial_context`, which turns
+    it into :class:`TrialContext` fields.
 
     With ``placement``: ``gpu_memory_fraction`` (the cap on the trial's GPU allocator, or
     None), ``gpu_share``, ``gpu_total_bytes`` and ``replicas`` (see :mod:`search.run.placement`).
     """
     return {
         **(placement.extras() if placement else {}),
-        "profile": spec.profile,
-        "profile_trial": spec.profile_trial,
-        "data_path": getattr(data, "path", None),
-        "image_size": getattr(data, "image_size", None),
-        "val_fraction": spec.data.val_fraction,
-        "split_seed": spec.data.split_seed,
+        PROFILE: spec.profile,
+        PROFILE_TRIAL: spec.profile_trial,
+        DATA_PATH: getattr(data, "path", None),
     }
 
 
@@ -91,16 +94,18 @@ def trial_context(
     extras: Mapping[str, Any] | None = None,
     **fields: Any,
 ) -> TrialContext:
-    """The context a trial of ``job`` gets; ``extras`` are merged over the job's, and
-    ``fields`` (``checkpoint_dir``, ``restore_dir``, ``start_epoch``, ``max_epochs``) are
-    passed to :class:`TrialContext` as they are.
+    """The context a trial of ``job`` gets: ``extras`` (merged over the job's) become typed
+    fields, and ``fields`` (``checkpoint_dir``, ``restore_dir``, ``start_epoch``,
+    ``max_epochs``, ``max_steps``, ``history``) are passed to :class:`TrialContext` as they are.
 
     Example:
-        >>> ctx = trial_context(TrialJob("search.testing:curve", 5), seed=3, extras={"x": 1})
-        >>> ctx.max_epochs, ctx.seed, ctx.device, dict(ctx.extras)
-        (5, 3, 'cpu', {'x': 1})
+        >>> job = TrialJob("search.testing:curve", 5, extras={"profile": True})
+        >>> ctx = trial_context(job, seed=3, number=0, extras={"gpu_share": 0.5})
+        >>> ctx.max_epochs, ctx.seed, ctx.device, ctx.gpu_share, ctx.profile, dict(ctx.extras)
+        (5, 3, 'cpu', 0.5, True, {})
     """
-    merged = {**job.extras, **(extras or {})}
+    told = {**job.extras, **(extras or {})}
+    total = told.get(GPU_TOTAL_BYTES)
     return TrialContext(
         max_epochs=fields.pop("max_epochs", job.max_epochs),
         seed=seed,
@@ -108,10 +113,11 @@ def trial_context(
         device="cuda" if device.startswith("cuda") else "cpu",
         trial_number=number,
         trial_dir=trial_dir,
-        extras=merged,
-        gpu_share=merged.get("gpu_share"),
-        gpu_memory_fraction=merged.get("gpu_memory_fraction"),
-        data_path=merged.get("data_path"),
-        replicas=int(merged.get("replicas") or 1),
+        gpu_share=told.get(GPU_SHARE),
+        gpu_memory_fraction=told.get(GPU_MEMORY_FRACTION),
+        gpu_total_bytes=int(total) if total else None,
+        data_path=told.get(DATA_PATH),
+        replicas=int(told.get(REPLICAS) or 1),
+        profile=bool(told.get(PROFILE)) and number == int(told.get(PROFILE_TRIAL) or 0),
         **fields,
     )

@@ -14,15 +14,15 @@ each process uses, and the memory cap of each trial's process.
   allocator reserved;
   :func:`pack` then decides how many trials fit on one GPU with headroom, and each trial's
   process is capped at its share (``torch.cuda.set_per_process_memory_fraction``, read by the
-  trainable from ``ctx.extras["gpu_memory_fraction"]``). A packed trial that still runs out of
+  trainable from ``ctx.gpu_memory_fraction``). A packed trial that still runs out of
   memory is retried by Tune with twice the GPU share (``OomRetry``), not failed.
 
 Several devices per trial (``gpus_per_trial: 2``, or ``workers_per_trial: 2`` on CPUs) train
-one trial data-parallel, the way its trainable's module says (``DATA_PARALLEL``, read by
+one trial data-parallel, the way its trainable declares (``@trainable(data_parallel=...)``, read by
 :func:`search.contract.declarations` and passed in): ``True`` (:data:`PROCESSES`) starts one
 process per device that join a ``torch.distributed`` group (:mod:`search.run.distributed`);
 ``"in_process"`` (:data:`IN_PROCESS`) keeps one process that mirrors the model over the devices
-itself (TensorFlow's ``MirroredStrategy``), told how many through ``ctx.extras["replicas"]``.
+itself (TensorFlow's ``MirroredStrategy``), told how many through ``ctx.replicas``.
 
 The arithmetic (:func:`pack`, :func:`grow_share`, :func:`memory_fraction`, :func:`resolve`) is
 pure; the measurement and the out-of-memory retry live in :mod:`search.run.gpu_memory`.
@@ -314,6 +314,6 @@ def _split_devices(devices: int, mode: ParallelMode | bool, asked: bool) -> tupl
     if asked:
         raise PlacementError(
             f"resources.workers_per_trial: the trainable does not train data-parallel "
-            f"(no DATA_PARALLEL in its module), got {devices}"
+            f"(no @trainable(data_parallel=...) on it), got {devices}"
         )
     return 1, 1  # one process holds all the trial's GPUs and uses what it can

@@ -1,8 +1,8 @@
 """Checks a spec's knobs against what its trainable reads, before any trial starts.
 
 A misspelled knob (``lrr``) would otherwise fail every trial of the study, one by one. A
-trainable module that defines a ``DEFAULTS`` mapping (every built-in does) declares its knobs;
-user trainables without one are not checked. Importing the trainable costs its framework's
+trainable declared with ``@trainable(defaults=...)`` (every built-in is) declares its knobs;
+user trainables without them are not checked. Importing the trainable costs its framework's
 import once in the driver (about 2 s for PyTorch), never at ``--help``.
 """
 
@@ -24,7 +24,7 @@ class KnobError(SearchError):
 
 
 def declared_knobs(trainable: str, source: str = "spec") -> Mapping[str, Any] | None:
-    """The trainable's ``DEFAULTS`` (knob -> default), or ``None`` when it declares none.
+    """The trainable's declared defaults (knob -> default), or ``None`` when it has none.
 
     Raises:
         KnobError: When the trainable's module or function cannot be found (one line).

@@ -11,10 +11,11 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from search.contract import Metrics, TrialContext
+from search.contract import Metrics, TrialContext, trainable
 from search.contract.dataset import Dataset
 
 
+@trainable()
 def curve(config: Mapping[str, Any], data: Dataset, ctx: TrialContext) -> Iterator[Metrics]:
     """A learning curve that rises towards ``x`` (in [0, 1], higher is better).
 
@@ -69,11 +70,11 @@ def _traced(config: Mapping[str, Any], data: Dataset, ctx: TrialContext) -> Iter
     Config keys:
         trace_dir: Folder where each attempt writes ``trial-<n>-<pid>.json``: trial number,
             start and end (``time.time()``), pid, ``CUDA_VISIBLE_DEVICES``, ``ctx.device``,
-            ``ctx.num_threads``, the GPU share and memory cap in ``ctx.extras``.
+            ``ctx.num_threads``, ``ctx.gpu_share`` and ``ctx.gpu_memory_fraction``.
         wait_for: Before its first epoch, wait (up to 60 s) until this many trials have
             started in ``trace_dir``: a barrier that only passes when they run at once.
         oom_below_share: Raise :class:`OutOfMemoryError` while the trial holds less than this
-            share of a GPU (``ctx.extras["gpu_share"]``).
+            share of a GPU (``ctx.gpu_share``).
     """
     import os
 
@@ -87,8 +88,8 @@ def _traced(config: Mapping[str, Any], data: Dataset, ctx: TrialContext) -> Iter
         "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
         "device": ctx.device,
         "num_threads": ctx.num_threads,
-        "gpu_share": ctx.extras.get("gpu_share"),
-        "gpu_memory_fraction": ctx.extras.get("gpu_memory_fraction"),
+        "gpu_share": ctx.gpu_share,
+        "gpu_memory_fraction": ctx.gpu_memory_fraction,
         "ctx_gpu_memory_fraction": ctx.gpu_memory_fraction,
         # the cap the framework applied before this code ran (read by PyTorch's allocator)
         "alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF"),
@@ -102,7 +103,7 @@ def _traced(config: Mapping[str, Any], data: Dataset, ctx: TrialContext) -> Iter
             if len(started) >= needed:
                 break
             time.sleep(0.05)
-        share = float(ctx.extras.get("gpu_share") or 0.0)
+        share = float(ctx.gpu_share or 0.0)
         if share < float(config.get("oom_below_share", 0.0)):
             raise OutOfMemoryError(f"CUDA out of memory (synthetic) at {share} of a GPU")
         inner = {k: v for k, v in config.items() if k not in _TRACE_KEYS}
@@ -116,17 +117,17 @@ def instant(config: Mapping[str, Any], data: Dataset, ctx: TrialContext) -> Iter
     yield {"val_accuracy": float(config.get("x", 0.0))}
 
 
+@curve.exporter
 def curve_export(
     config: Mapping[str, Any], data: Dataset, ctx: TrialContext, out_dir: Path
 ) -> Metrics:
     """The export hook of :func:`curve` (``search.handover.export``): trains it, writes
     ``model.json``."""
-    history = ctx.extras.get("history")
     last: Metrics = {}
     for metrics in curve(config, data, ctx):
         last = dict(metrics)
-        if isinstance(history, list):
-            history.append(dict(metrics))
+        if ctx.history is not None:
+            ctx.history.append(dict(metrics))
     Path(out_dir).mkdir(parents=True, exist_ok=True)
     (Path(out_dir) / "model.json").write_text(json.dumps({"x": config.get("x"), **last}))
     return {**last, "export_val_accuracy": last.get("val_accuracy", 0.0)}

@@ -15,28 +15,25 @@ CPU threads after a ~3 s first epoch that traces the graph).
 Data: the framework's arrays, or an image folder (:func:`trainables.tf.data.load_data`;
 ``data`` may then hold empty arrays).
 
-Getting the trained model: pass a dict as ``ctx.extras["model_out"]``; the trainable puts the
-compiled model under its ``"model"`` key (and its datasets under ``"data"``) as soon as it is
-built, so after the generator is exhausted (or closed) it holds the model as trained so far::
+Getting the trained model: the generator returns ``(model, splits)`` after its last epoch,
+which :func:`search.contract.train_to_end` hands over::
 
-    out = {}
-    for metrics in train(config, data, TrialContext(max_epochs=5, extras={"model_out": out})):
-        ...
-    out["model"].save("cnn.keras")
+    model, splits = train_to_end(train, config, data, TrialContext(max_epochs=5)).model
+    model.save("cnn.keras")
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Generator, Mapping
 from typing import Any
 
 import keras
 
-from search.contract import Dataset, Metrics, TrialContext
+from search.contract import Dataset, Metrics, TrialContext, trainable
 from trainables.tf import common
 from trainables.tf import data as tfdata
 from trainables.tf.export import make_exporter
-from trainables.tf.loop import fit_epochs
+from trainables.tf.loop import Fitted, fit_epochs
 
 DEFAULTS: dict[str, Any] = {
     **common.COMMON_DEFAULTS,
@@ -45,9 +42,6 @@ DEFAULTS: dict[str, Any] = {
     "train_fraction": 1.0,
 }
 """Every key :func:`train` reads, with its default."""
-DATA_PARALLEL = "in_process"
-"""Several devices per trial: one process, the model mirrored over them
-(``MirroredStrategy``, :mod:`trainables.tf.devices`)."""
 
 
 def build_model(cfg: Mapping[str, Any], splits: tfdata.Splits, seed: int) -> keras.Model:
@@ -76,7 +70,11 @@ def build_model(cfg: Mapping[str, Any], splits: tfdata.Splits, seed: int) -> ker
     return keras.Model(inputs, outputs, name="tf_cnn")
 
 
-def train(config: Mapping[str, Any], data: Dataset, ctx: TrialContext) -> Iterator[Metrics]:
+# data_parallel: one process, the model mirrored over its devices (trainables.tf.devices).
+@trainable(defaults=DEFAULTS, data_parallel="in_process")
+def train(
+    config: Mapping[str, Any], data: Dataset, ctx: TrialContext
+) -> Generator[Metrics, None, Fitted]:
     """The ``tf_cnn`` trainable: one metrics dict per epoch (:mod:`trainables.tf.loop`).
 
     Raises:
@@ -88,8 +86,8 @@ def train(config: Mapping[str, Any], data: Dataset, ctx: TrialContext) -> Iterat
     with common.model_scope(cfg["precision"], strategy):
         model = build_model(cfg, splits, ctx.seed)
         common.compile_model(model, cfg, ctx.max_epochs, splits.n_train)
-    yield from fit_epochs(model, splits, cfg, ctx, strategy)
+    return (yield from fit_epochs(model, splits, cfg, ctx, strategy))
 
 
-export = make_exporter(train)
-"""The export hook (:mod:`trainables.tf.export`): ``model.keras`` and a SavedModel."""
+export = train.exporter(make_exporter(train))
+"""The export hook: ``model.keras`` and a SavedModel (:mod:`trainables.tf.export`)."""

@@ -38,7 +38,7 @@ def load_data(data: Dataset, ctx: TrialContext, train_fraction: float = 1.0) -> 
     """The trial's datasets: ``data``'s arrays or its image folder (read now, the same way
     in both frameworks: :func:`search.contract.dataset.materialize`), subsampled and scaled
     (:func:`from_arrays`). The twin of ``trainables.torch.data.load_data``."""
-    return from_arrays(subsample(materialize(data, ctx.extras), train_fraction))
+    return from_arrays(subsample(materialize(data, ctx.data_path), train_fraction))
 
 
 def from_arrays(data: Dataset) -> Splits:

@@ -7,13 +7,13 @@ right because every trial of a study gets the same placement.
 
 * **CPU threads.** The intra- and inter-op pools get the trial's CPU share
   (``ctx.num_threads``). A ``cpu`` trial hides the GPUs.
-* **GPU memory.** A trial packed onto a shared GPU (``ctx.extras["gpu_memory_fraction"]`` of
-  ``ctx.extras["gpu_total_bytes"]``, set by :mod:`search.run.placement`) gets a logical GPU with
+* **GPU memory.** A trial packed onto a shared GPU (``ctx.gpu_memory_fraction`` of
+  ``ctx.gpu_total_bytes``, set by :mod:`search.run.placement`) gets a logical GPU with
   that memory limit, so it cannot starve its neighbours; otherwise memory growth, so TF does
   not grab the whole card.
-* **Replicas.** A trial placed on several devices (``ctx.extras["replicas"]``: the runner's
+* **Replicas.** A trial placed on several devices (``ctx.replicas``: the runner's
   ``gpus_per_trial: 2`` or ``workers_per_trial: 2``; the TF trainables say
-  ``DATA_PARALLEL = "in_process"``) trains data-parallel in this one process:
+  ``data_parallel="in_process"``) trains data-parallel in this one process:
   :func:`strategy` is a ``MirroredStrategy`` over the trial's GPUs, or, on a machine without
   GPUs, over as many logical CPU devices (how the tests exercise it). The model is built and
   compiled in its scope; ``batch_size`` stays the global batch, which Keras splits evenly over
@@ -33,11 +33,11 @@ _configured: dict[str, Any] = {}
 
 def replicas(ctx: TrialContext) -> int:
     """How many devices the placement gave this trial to train on in one process."""
-    return max(1, int(ctx.extras.get("replicas") or 1))
+    return max(1, ctx.replicas)
 
 
 def _gpu_memory(ctx: TrialContext, gpus: list[Any]) -> str:
-    fraction, total = ctx.extras.get("gpu_memory_fraction"), ctx.extras.get("gpu_total_bytes")
+    fraction, total = ctx.gpu_memory_fraction, ctx.gpu_total_bytes
     if fraction and total:
         limit_mib = int(float(fraction) * int(total) / 2**20)
         for gpu in gpus:

@@ -1,10 +1,10 @@
 """The export hook every TensorFlow trainable shares: train to the end, save, reload, check.
 
-The twin of ``trainables.torch.export``. ``export = make_exporter(train)`` next to a
+The twin of ``trainables.torch.export``. ``train.exporter(make_exporter(train))`` next to a
 trainable's ``train`` gives it the hook of :mod:`search.contract`. The hook trains exactly as
-``train`` does (same config, seed, data; the model and its datasets come back through
-``ctx.extras["model_out"]``, which :func:`trainables.tf.loop.fit_epochs` fills), then writes
-into ``out_dir``:
+``train`` does (same config, seed, data; the model and its datasets are what the generator
+returns, ``(model, splits)`` from :func:`trainables.tf.loop.fit_epochs`), then writes into
+``out_dir``:
 
     model.keras    the trained model; reload it with ``keras.models.load_model``
     saved_model/   ``model.export``: a TF SavedModel whose ``serve`` signature takes NHWC
@@ -27,7 +27,7 @@ import keras
 
 from search.contract import Dataset, ExportFn, Metrics, TrainFn, TrialContext, train_to_end
 from search.contract.inputs import tensor, write_inputs
-from trainables.tf.data import Splits, pipeline
+from trainables.tf.data import pipeline
 
 
 def declare_keras(out_dir: Path, model: keras.Model, scale: float) -> Path:
@@ -67,9 +67,9 @@ def export_keras(
     """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    handle, last, epochs = train_to_end(train, config, data, ctx)
-    model: keras.Model = handle["model"]
-    splits: Splits = handle["data"]
+    trained = train_to_end(train, config, data, ctx)
+    last, epochs = trained.metrics, trained.epochs
+    model, splits = trained.model
     model.save(out / "model.keras")
     model.export(str(out / "saved_model"), format="tf_saved_model", verbose=False)
     declare_keras(out, model, splits.scale)

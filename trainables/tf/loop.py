@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Generator, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -192,14 +192,8 @@ def load_state(
     return int(state["epoch"])
 
 
-def expose_model(ctx: TrialContext, model: keras.Model, splits: Splits) -> None:
-    """Hands ``model`` and its data to an export hook through ``ctx.extras["model_out"]``
-    (when that is a dict): ``{"model": ..., "data": Splits}``. The twin of
-    ``trainables.torch.loop.expose_model``, called at the same place: first in :func:`fit_epochs`.
-    """
-    out = ctx.extras.get("model_out")
-    if isinstance(out, dict):
-        out.update(model=model, data=splits)
+Fitted = tuple[keras.Model, Splits]
+"""What :func:`fit_epochs` returns after its last epoch: the model and its data."""
 
 
 # --- the loop every TF trainable runs ----------------------------------------------------------
@@ -211,16 +205,19 @@ def fit_epochs(
     cfg: Mapping[str, Any],
     ctx: TrialContext,
     strategy: tf.distribute.Strategy,
-) -> Iterator[Metrics]:
+) -> Generator[Metrics, None, Fitted]:
     """Trains the compiled ``model`` for up to ``ctx.max_epochs`` epochs, one dict each.
 
     Returns early (the trial ends COMPLETE) when early stopping triggers on val_loss. The
     twin of :func:`trainables.torch.loop.fit_epochs`; ``strategy`` is the one the model was
     built in (:func:`trainables.tf.common.setup`), and its replica count is reported.
+
+    Returns:
+        ``(model, splits)`` after the last epoch (:data:`Fitted`), for an export hook.
     """
-    expose_model(ctx, model, splits)
     train_ds = pipeline(splits.train, cfg["batch_size"], ctx.num_threads, ctx.seed)
     val_ds = pipeline(splits.val, cfg["batch_size"], ctx.num_threads)
     replicas = float(strategy.num_replicas_in_sync)
     for metrics in _fit_each_epoch(model, train_ds, val_ds, ctx, stopping_callbacks(cfg)):
         yield {**metrics, "replicas": replicas}
+    return model, splits

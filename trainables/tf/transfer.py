@@ -13,7 +13,7 @@ Config keys: those of :mod:`trainables.tf.cnn` except ``channels``, plus
   standardized, resized to it inside the model, and one channel is repeated to three.
 
 ``weight_decay`` (sgd/adam) and ``l1`` regularize the head only. The trained model is exposed
-as in :mod:`trainables.tf.cnn`: pass a dict as ``ctx.extras["model_out"]``.
+as in :mod:`trainables.tf.cnn`: the generator returns ``(model, splits)``.
 
 Pretrain a backbone on digits 0-4 (a different task than the 10-digit search)::
 
@@ -24,19 +24,19 @@ from __future__ import annotations
 
 import argparse
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Generator, Mapping
 from pathlib import Path
 from typing import Any
 
 import keras
 import numpy as np
 
-from search.contract import Dataset, Metrics, TrialContext
+from search.contract import Dataset, Metrics, TrialContext, trainable
 from search.contract.dataset import load_digits
 from trainables.tf import common
 from trainables.tf import data as tfdata
 from trainables.tf.export import make_exporter
-from trainables.tf.loop import fit_epochs
+from trainables.tf.loop import Fitted, fit_epochs
 
 BACKBONES = {
     "mobilenet_v3_small": keras.applications.MobileNetV3Small,
@@ -54,9 +54,6 @@ DEFAULTS: dict[str, Any] = {
     "image_size": 32,
 }
 """Every key :func:`train` reads, with its default."""
-DATA_PARALLEL = "in_process"
-"""Several devices per trial: one process, the model mirrored over them
-(``MirroredStrategy``, :mod:`trainables.tf.devices`)."""
 
 CHOICES = {"backbone": tuple(BACKBONES)}
 
@@ -138,7 +135,11 @@ def build_model(
     return keras.Model(inputs, outputs, name="tf_transfer"), backbone
 
 
-def train(config: Mapping[str, Any], data: Dataset, ctx: TrialContext) -> Iterator[Metrics]:
+# data_parallel: one process, the model mirrored over its devices (trainables.tf.devices).
+@trainable(defaults=DEFAULTS, data_parallel="in_process")
+def train(
+    config: Mapping[str, Any], data: Dataset, ctx: TrialContext
+) -> Generator[Metrics, None, Fitted]:
     """The ``tf_transfer`` trainable: one metrics dict per epoch (:mod:`trainables.tf.loop`).
 
     Raises:
@@ -149,11 +150,11 @@ def train(config: Mapping[str, Any], data: Dataset, ctx: TrialContext) -> Iterat
     with common.model_scope(cfg["precision"], strategy):
         model, _ = build_model(cfg, splits, ctx.seed)
         common.compile_model(model, cfg, ctx.max_epochs, splits.n_train)
-    yield from fit_epochs(model, splits, cfg, ctx, strategy)
+    return (yield from fit_epochs(model, splits, cfg, ctx, strategy))
 
 
-export = make_exporter(train)
-"""The export hook (:mod:`trainables.tf.export`): ``model.keras`` and a SavedModel."""
+export = train.exporter(make_exporter(train))
+"""The export hook: ``model.keras`` and a SavedModel (:mod:`trainables.tf.export`)."""
 
 
 def recalibrate_batch_norm(model: keras.Model, backbone: keras.Model, images: np.ndarray) -> None:

@@ -16,16 +16,16 @@ Data: the framework's arrays, or an image folder (:func:`trainables.torch.data.l
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Generator, Mapping
 from typing import Any
 
 from torch import nn
 
-from search.contract import Dataset, Metrics, TrialContext
+from search.contract import Dataset, Metrics, TrialContext, trainable
 from trainables.torch.common import AUGMENT_DEFAULTS, COMMON_DEFAULTS, setup
 from trainables.torch.data import Standardize, Tensors, load_data
 from trainables.torch.export import make_exporter
-from trainables.torch.loop import fit_epochs
+from trainables.torch.loop import Fitted, fit_epochs
 
 DEFAULTS: dict[str, Any] = {
     **COMMON_DEFAULTS,
@@ -33,8 +33,7 @@ DEFAULTS: dict[str, Any] = {
     "channels": 32,
     "train_fraction": 1.0,
 }
-DATA_PARALLEL = True
-"""Trains data-parallel (DDP) when a trial has several workers (:mod:`search.run.distributed`)."""
+"""Every key :func:`train` reads, with its default."""
 
 
 def build_model(cfg: Mapping[str, Any], tensors: Tensors) -> nn.Module:
@@ -65,13 +64,17 @@ def build_model(cfg: Mapping[str, Any], tensors: Tensors) -> nn.Module:
     )
 
 
-def train(config: Mapping[str, Any], data: Dataset, ctx: TrialContext) -> Iterator[Metrics]:
+# data_parallel: DDP when a trial has several workers (search.run.distributed).
+@trainable(defaults=DEFAULTS, data_parallel=True)
+def train(
+    config: Mapping[str, Any], data: Dataset, ctx: TrialContext
+) -> Generator[Metrics, None, Fitted]:
     """The ``torch_cnn`` trainable: one metrics dict per epoch (:mod:`trainables.torch.loop`)."""
     cfg, device = setup(config, DEFAULTS, ctx)
     tensors = load_data(data, ctx, cfg["train_fraction"])
     model = build_model(cfg, tensors)
-    yield from fit_epochs(model, tensors, cfg, ctx, device)
+    return (yield from fit_epochs(model, tensors, cfg, ctx, device))
 
 
-export = make_exporter(train)
-"""The export hook (:mod:`trainables.torch.export`): ``model.safetensors``, checked ONNX."""
+export = train.exporter(make_exporter(train))
+"""The export hook: ``model.safetensors``, checked ONNX (:mod:`trainables.torch.export`)."""

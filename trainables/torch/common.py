@@ -62,11 +62,10 @@ def setup(
 
 def place_on_gpu(ctx: TrialContext) -> torch.device:
     """The trial's GPU (the rank-th of Ray's GPUs in a data-parallel trial), with the process's
-    allocator capped at ``ctx.extras["gpu_memory_fraction"]`` when trials share the GPU."""
-    rank = int(ctx.extras.get("ddp_rank", 0))
-    device = torch.device("cuda", rank)
+    allocator capped at ``ctx.gpu_memory_fraction`` when trials share the GPU."""
+    device = torch.device("cuda", ctx.rank)
     torch.cuda.set_device(device)
-    fraction = ctx.extras.get("gpu_memory_fraction")
+    fraction = ctx.gpu_memory_fraction
     if fraction:
         torch.cuda.set_per_process_memory_fraction(float(fraction), device)
     return device
@@ -199,16 +198,15 @@ class EarlyStopping:
 
 
 class EpochProfiler:
-    """torch.profiler over the first ``epochs`` epochs of the trial that ``ctx.extras`` names.
+    """torch.profiler over the first ``epochs`` epochs of the trial, when ``ctx.profile``.
 
-    Active when ``ctx.extras["profile"]`` is true and ``ctx.trial_number`` equals
-    ``ctx.extras.get("profile_trial", 0)``; writes ``profile-trial<N>.json`` (a Chrome trace,
+    The spec's ``profile`` and ``profile_trial`` choose the trial; it writes
+    ``profile-trial<N>.json`` (a Chrome trace,
     open it in https://ui.perfetto.dev) into ``ctx.trial_dir``.
     """
 
     def __init__(self, ctx: TrialContext, device: torch.device, epochs: int = 2) -> None:
-        chosen = ctx.trial_number == int(ctx.extras.get("profile_trial", 0))
-        wanted = bool(ctx.extras.get("profile")) and chosen
+        wanted = ctx.profile
         self.path = Path(ctx.trial_dir) / f"profile-trial{ctx.trial_number}.json"
         self.epochs, self._prof = epochs, None
         if wanted:

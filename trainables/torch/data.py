@@ -42,7 +42,7 @@ def load_data(data: SearchDataset, ctx: TrialContext, train_fraction: float = 1.
     """The trial's tensors: ``data``'s arrays or its image folder (read now, the same way
     in both frameworks: :func:`search.contract.dataset.materialize`), subsampled and scaled
     (:func:`to_tensors`). The twin of ``trainables.tf.data.load_data``."""
-    return to_tensors(materialize(data, ctx.extras), train_fraction)
+    return to_tensors(materialize(data, ctx.data_path), train_fraction)
 
 
 def to_tensors(data: SearchDataset, train_fraction: float = 1.0) -> Tensors:

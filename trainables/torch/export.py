@@ -1,9 +1,9 @@
 """The export hook every PyTorch trainable shares: train to the end, save, convert, check.
 
-``export = make_exporter(train)`` next to a trainable's ``train`` gives it the hook of
+``train.exporter(make_exporter(train))`` next to a trainable's ``train`` gives it the hook of
 :mod:`search.contract`. The hook trains exactly as ``train`` does (same config, seed, data;
-the model and its tensors come back through ``ctx.extras["model_out"]``, which
-:func:`trainables.torch.loop.fit_epochs` fills), then writes into ``out_dir``:
+the model and its tensors are what the generator returns, ``(model, tensors)`` from
+:func:`trainables.torch.loop.fit_epochs`), then writes into ``out_dir``:
 
     model.safetensors   the trained ``state_dict`` (float32); load it into the trainable's
                         ``build_model`` with ``safetensors.torch.load_model``
@@ -34,7 +34,6 @@ from torch import nn
 
 from search.contract import ExportFn, Metrics, TrainFn, TrialContext, train_to_end
 from search.contract.inputs import DATASET, tensor, write_inputs
-from trainables.torch.data import Tensors
 from trainables.torch.loop import evaluate
 
 if TYPE_CHECKING:
@@ -150,9 +149,10 @@ def export_torch(
     """
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    handle, last, epochs = train_to_end(train, config, data, ctx)
-    model: nn.Module = handle["model"].to("cpu").float().eval()
-    tensors: Tensors = handle["data"]
+    trained = train_to_end(train, config, data, ctx)
+    last, epochs = trained.metrics, trained.epochs
+    fitted, tensors = trained.model
+    model: nn.Module = fitted.to("cpu").float().eval()
 
     from safetensors.torch import save_model
 

@@ -16,7 +16,7 @@ The raw losses are reported, so a diverged run shows NaN and the framework stops
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Generator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -228,13 +228,8 @@ def load_state(fit: Fitting, stopper: EarlyStopping, folder: str) -> int:
     return int(state["epoch"])
 
 
-def expose_model(ctx: TrialContext, model: torch.nn.Module, tensors: Tensors) -> None:
-    """Hands ``model`` and its data to an export hook through ``ctx.extras["model_out"]``
-    (when that is a dict): ``{"model": ..., "data": Tensors}``. The twin of
-    ``trainables.tf.loop.expose_model``, called at the same place: first in :func:`fit_epochs`."""
-    out = ctx.extras.get("model_out")
-    if isinstance(out, dict):
-        out.update(model=model, data=tensors)
+Fitted = tuple[torch.nn.Module, Tensors]
+"""What :func:`fit_epochs` returns after its last epoch: the model and its data."""
 
 
 def step_scheduler(fit: Fitting, val_loss: float) -> None:
@@ -251,7 +246,7 @@ def fit_epochs(
     cfg: Mapping[str, Any],
     ctx: TrialContext,
     device: torch.device,
-) -> Iterator[Metrics]:
+) -> Generator[Metrics, None, Fitted]:
     """Trains ``model`` for up to ``ctx.max_epochs`` epochs, yielding one metrics dict each.
 
     Returns early (the trial ends COMPLETE) when early stopping triggers on val_loss. With
@@ -259,14 +254,16 @@ def fit_epochs(
     epoch's val_loss) before each yield; with ``ctx.restore_dir`` it continues after the
     saved epoch, so a retried trial stops at the epoch the first run would have.
 
-    In a data-parallel trial (``ctx.extras["ddp_world_size"]`` > 1, started by
+    In a data-parallel trial (``ctx.world_size`` > 1, started by
     :mod:`search.run.distributed`) the model trains under ``DistributedDataParallel``, each
     rank on its share of every global batch of ``batch_size``, and the metrics are the whole
-    trial's. ``ctx.extras["max_steps"]`` caps the batches per epoch (the memory measurement
-    of :mod:`search.run.placement`).
+    trial's. ``ctx.max_steps`` caps the batches per epoch (the memory measurement of
+    :mod:`search.run.placement`).
+
+    Returns:
+        ``(model, tensors)`` after the last epoch (:data:`Fitted`), for an export hook.
     """
-    expose_model(ctx, model, tensors)
-    rank, world = int(ctx.extras.get("ddp_rank", 0)), int(ctx.extras.get("ddp_world_size", 1))
+    rank, world = ctx.rank, ctx.world_size
     loader = train_loader(
         tensors,
         cfg["batch_size"],
@@ -286,7 +283,7 @@ def fit_epochs(
             model, device_ids=[device.index] if device.type == "cuda" else None
         )
     x_val, y_val = tensors.x_val.to(device), tensors.y_val.to(device)
-    max_steps = ctx.extras.get("max_steps")
+    max_steps = ctx.max_steps
     profiler = EpochProfiler(ctx, device)
     try:
         for epoch in range(first, ctx.max_epochs + 1):
@@ -310,6 +307,7 @@ def fit_epochs(
                 "epoch_time_s": time.perf_counter() - start,
             }
             if stop:
-                return
+                break
     finally:
         profiler.close()
+    return model, tensors

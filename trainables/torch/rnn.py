@@ -20,22 +20,21 @@ Config keys (all optional): the shared ones of
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Generator, Mapping
 from contextlib import nullcontext
 from typing import Any
 
 import torch
 from torch import nn
 
-from search.contract import Dataset, Metrics, TrialContext
+from search.contract import Dataset, Metrics, TrialContext, trainable
 from trainables.torch.common import COMMON_DEFAULTS, setup
 from trainables.torch.data import load_data
 from trainables.torch.export import make_exporter
-from trainables.torch.loop import fit_epochs
+from trainables.torch.loop import Fitted, fit_epochs
 
 DEFAULTS: dict[str, Any] = {**COMMON_DEFAULTS, "cell": "gru", "hidden": 64}
-DATA_PARALLEL = True
-"""Trains data-parallel (DDP) when a trial has several workers (:mod:`search.run.distributed`)."""
+"""Every key :func:`train` reads, with its default."""
 CELL_CHOICES = {"cell": ("gru", "lstm")}
 
 
@@ -74,7 +73,11 @@ class RowReader(nn.Module):
         return self.head(out[:, -1])
 
 
-def train(config: Mapping[str, Any], data: Dataset, ctx: TrialContext) -> Iterator[Metrics]:
+# data_parallel: DDP when a trial has several workers (search.run.distributed).
+@trainable(defaults=DEFAULTS, data_parallel=True)
+def train(
+    config: Mapping[str, Any], data: Dataset, ctx: TrialContext
+) -> Generator[Metrics, None, Fitted]:
     """The ``torch_rnn`` trainable: one metrics dict per epoch (:mod:`trainables.torch.loop`)."""
     cfg, device = setup(config, DEFAULTS, ctx, CELL_CHOICES)
     tensors = load_data(data, ctx)
@@ -87,8 +90,8 @@ def train(config: Mapping[str, Any], data: Dataset, ctx: TrialContext) -> Iterat
         tensors.num_classes,
         input_scale=tensors.scale,
     )
-    yield from fit_epochs(model, tensors, cfg, ctx, device)
+    return (yield from fit_epochs(model, tensors, cfg, ctx, device))
 
 
-export = make_exporter(train)
-"""The export hook (:mod:`trainables.torch.export`): ``model.safetensors``, checked ONNX."""
+export = train.exporter(make_exporter(train))
+"""The export hook: ``model.safetensors``, checked ONNX (:mod:`trainables.torch.export`)."""

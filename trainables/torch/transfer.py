@@ -31,7 +31,7 @@ digit was rotated, 0/90/180/270 degrees)::
 from __future__ import annotations
 
 import argparse
-from collections.abc import Iterator, Mapping
+from collections.abc import Generator, Mapping
 from pathlib import Path
 from typing import Any, cast
 
@@ -39,11 +39,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from search.contract import Dataset, Metrics, TrialContext
+from search.contract import Dataset, Metrics, TrialContext, trainable
 from trainables.torch.common import AUGMENT_DEFAULTS, COMMON_DEFAULTS, read_config, setup
 from trainables.torch.data import Standardize, Tensors, load_data, to_tensors
 from trainables.torch.export import make_exporter
-from trainables.torch.loop import fit_epochs
+from trainables.torch.loop import Fitted, fit_epochs
 
 DEFAULTS: dict[str, Any] = {
     **COMMON_DEFAULTS,
@@ -54,8 +54,7 @@ DEFAULTS: dict[str, Any] = {
     "unfreeze_blocks": 0,
     "image_size": 32,
 }
-DATA_PARALLEL = True
-"""Trains data-parallel (DDP) when a trial has several workers (:mod:`search.run.distributed`)."""
+"""Every key :func:`train` reads, with its default."""
 BACKBONES = {"backbone": ("resnet18", "mobilenet_v3_small")}
 HEAD = {"resnet18": "fc", "mobilenet_v3_small": "classifier.3"}
 """Name of each backbone's final classifier layer, which the new head replaces."""
@@ -148,16 +147,20 @@ def build_model(cfg: Mapping[str, Any], tensors: Tensors) -> TransferNet:
     return TransferNet(backbone, Standardize(tensors.mean, tensors.std), cfg["image_size"])
 
 
-def train(config: Mapping[str, Any], data: Dataset, ctx: TrialContext) -> Iterator[Metrics]:
+# data_parallel: DDP when a trial has several workers (search.run.distributed).
+@trainable(defaults=DEFAULTS, data_parallel=True)
+def train(
+    config: Mapping[str, Any], data: Dataset, ctx: TrialContext
+) -> Generator[Metrics, None, Fitted]:
     """The ``torch_transfer`` trainable: one metrics dict per epoch (``trainables.torch.loop``)."""
     cfg, device = setup(config, DEFAULTS, ctx, BACKBONES)
     tensors = load_data(data, ctx)
     model = build_model(cfg, tensors)
-    yield from fit_epochs(model, tensors, cfg, ctx, device)
+    return (yield from fit_epochs(model, tensors, cfg, ctx, device))
 
 
-export = make_exporter(train)
-"""The export hook (:mod:`trainables.torch.export`): ``model.safetensors``, checked ONNX."""
+export = train.exporter(make_exporter(train))
+"""The export hook: ``model.safetensors``, checked ONNX (:mod:`trainables.torch.export`)."""
 
 
 def rotated(x: torch.Tensor, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
