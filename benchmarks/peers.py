@@ -44,11 +44,13 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 OUT = REPO / "results" / "benchmarks"
 SPACE = REPO / "spaces" / "cnn.yaml"
-CONTENDERS = ("search", "optuna-sh", "ray-asha", "random")
+CONTENDERS = ("search", "optuna-sh", "ray-asha", "ray-tpe", "random")
+FULL = ("search", "optuna-sh", "ray-tpe")
 LABELS = {
     "search": "this project (TPE + ASHA on Ray)",
     "optuna-sh": "Optuna one process (TPE + SHA pruner)",
     "ray-asha": "Ray Tune stock (random + ASHA)",
+    "ray-tpe": "Ray Tune stock (OptunaSearch TPE + ASHA, reuse)",
     "random": "random search, no pruning",
 }
 
@@ -215,11 +217,34 @@ def _tune_trial(config: dict, space: dict, fixed: dict, epochs: int, data: Any) 
         tune.report(metrics)
 
 
-def _ray_asha(trials: int, epochs: int, seeds: list[int], cpus: int, tmp: Path) -> list[dict]:
+def _searcher(spec: Any, seed: int, tpe: bool) -> Any:
+    """Random search, or OptunaSearch TPE on the space as it is (conditions too: define-by-run)."""
+    if not tpe:
+        from ray.tune.search.basic_variant import BasicVariantGenerator
+
+        return BasicVariantGenerator(random_state=seed)
+    import optuna
+    from ray.tune.search.optuna import OptunaSearch
+
+    from search.spec.space import sample
+
+    def space(trial: Any) -> None:
+        sample(trial, spec.space)
+
+    return OptunaSearch(
+        space=space,
+        metric="val_accuracy",
+        mode="max",
+        sampler=optuna.samplers.TPESampler(seed=seed, multivariate=True, constant_liar=True),
+    )
+
+
+def _ray_asha(
+    trials: int, epochs: int, seeds: list[int], cpus: int, tmp: Path, tpe: bool = False
+) -> list[dict]:
     import ray
     from ray import tune
     from ray.tune.schedulers import ASHAScheduler
-    from ray.tune.search.basic_variant import BasicVariantGenerator
 
     from search.run.data import load_data
 
@@ -240,15 +265,19 @@ def _ray_asha(trials: int, epochs: int, seeds: list[int], cpus: int, tmp: Path) 
         trainable = tune.with_parameters(
             _tune_trial, space=spec.space, fixed=spec.fixed, epochs=e, data=load_data(spec.data)
         )
+        domains = {} if tpe else _tune_domains(spec.space)
         tune.Tuner(
             trainable,
-            param_space={**_tune_domains(spec.space), "seed": tune.randint(0, 2**31 - 1)},
+            param_space={**domains, "seed": tune.randint(0, 2**31 - 1)},
             tune_config=tune.TuneConfig(
-                metric="val_accuracy",
-                mode="max",
+                metric=None if tpe else "val_accuracy",
+                mode=None if tpe else "max",
                 num_samples=n,
-                search_alg=BasicVariantGenerator(random_state=seed),
-                scheduler=ASHAScheduler(max_t=e, grace_period=1, reduction_factor=3),
+                search_alg=_searcher(spec, seed, tpe),
+                scheduler=ASHAScheduler(
+                    max_t=e, grace_period=1, reduction_factor=3, metric="val_accuracy", mode="max"
+                ),
+                reuse_actors=tpe,
             ),
             run_config=tune.RunConfig(
                 name=f"peers-{seed}-{n}",
@@ -285,8 +314,8 @@ def run_contender(name: str, trials: int, epochs: int, seeds: list[int], cpus: i
             return _optuna(trials, epochs, seeds, cpus, tmp, pruned=True)
         if name == "random":
             return _optuna(trials, epochs, seeds, cpus, tmp, pruned=False)
-        if name == "ray-asha":
-            return _ray_asha(trials, epochs, seeds, cpus, tmp)
+        if name in ("ray-asha", "ray-tpe"):
+            return _ray_asha(trials, epochs, seeds, cpus, tmp, tpe=name == "ray-tpe")
     raise ValueError(name)
 
 
@@ -346,9 +375,23 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--target", type=float, default=0.95)
     parser.add_argument("--cpus", type=int, default=os.cpu_count() or 2)
-    parser.add_argument("--only", nargs="*", choices=CONTENDERS, default=list(CONTENDERS))
+    parser.add_argument("--only", nargs="*", choices=CONTENDERS)
+    parser.add_argument("--full", action="store_true", help="32 x 27, target 0.97, TPE peers")
+    parser.add_argument("--fixed", action="store_true", help="fixed work: 16 x 27, 2 at once")
+    parser.add_argument("--work", type=float, default=0.15, help="fixed work: s per epoch")
     parser.add_argument("--contender", choices=CONTENDERS, help=argparse.SUPPRESS)
+    parser.add_argument("--fixed-contender", help=argparse.SUPPRESS)
+    parser.add_argument("--reps", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.fixed_contender:
+        _fixed_contender(args)
+        return
+    if args.fixed:
+        _fixed(args)
+        return
+    if args.full:
+        args.trials, args.epochs, args.target = 32, 27, 0.97
+    args.only = args.only or list(FULL if args.full else CONTENDERS)
     if args.contender:  # the subprocess
         found = run_contender(args.contender, args.trials, args.epochs, args.seeds, args.cpus)
         print("RESULT " + json.dumps(found), flush=True)
@@ -401,6 +444,7 @@ def main() -> None:
                     "best": round(max((v for _, v in r["points"]), default=0.0), 4),
                     "first_epoch_s": _round(min((t for t, _ in r["points"]), default=None)),
                     "time_to_target_s": _round(_time_to(r["points"], args.target)),
+                    "teardown_s": _round(r["wall_s"] - max((t for t, _ in r["points"]), default=0)),
                 }
             )
         rows = [p for p in per_run if p["contender"] == name]
@@ -444,7 +488,57 @@ def main() -> None:
             f"{tt if tt is not None else '-':>11} {tt_x:>6} {s['reached_target']:>7} "
             f"{s['best']:>6.4f} {s['epochs_trained']:>6}"
         )
+    _print_phases(per_run)
     print(f"\nwrote {OUT / 'peers.csv'}, {OUT / 'peers_summary.csv'} and {OUT / 'peers.png'}")
+
+
+def _fixed_contender(args: argparse.Namespace) -> None:
+    from benchmarks.peers_modes import run_fixed
+
+    with tempfile.TemporaryDirectory(prefix="peers-fixed-") as folder:
+        found = run_fixed(
+            args.fixed_contender, args.trials, args.epochs, args.cpus, args.reps, Path(folder)
+        )
+    print("RESULT " + json.dumps(found), flush=True)
+
+
+def _fixed(args: argparse.Namespace) -> None:
+    """Fixed work (benchmarks/peers_modes.py): 16 x 27 by default, 2 at once, ASHA off."""
+    from benchmarks.peers_modes import FIXED_CONTENDERS, print_fixed
+    from benchmarks.scale_trainables import calibrate
+
+    trials = 16 if args.trials == 16 else args.trials
+    epochs = 27 if args.epochs == 9 else args.epochs
+    reps = calibrate(args.work)
+    rows = []
+    for name in FIXED_CONTENDERS:
+        cmd = [sys.executable, __file__, "--fixed-contender", name, "--trials", str(trials)]
+        cmd += ["--epochs", str(epochs), "--cpus", str(args.cpus), "--reps", str(reps)]
+        rows.append({"contender": name, **_result(cmd)})
+        print(f"  {name:<7} {rows[-1]['wall_s']:6.1f} s", file=sys.stderr, flush=True)
+    print_fixed(rows, trials * epochs * args.work / args.cpus)
+    OUT.mkdir(parents=True, exist_ok=True)
+    _write(OUT / "peers_fixed.csv", rows)
+
+
+def _result(cmd: list[str]) -> Any:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    done = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, env=env)
+    lines = [ln for ln in done.stdout.splitlines() if ln.startswith("RESULT ")]
+    if done.returncode != 0 or not lines:
+        raise SystemExit(f"{cmd[3]} failed:\n{done.stderr[-3000:]}")
+    return json.loads(lines[-1][len("RESULT ") :])
+
+
+def _print_phases(per_run: list[dict]) -> None:
+    """Start-up (to the first epoch), steady state and teardown (after the last), medians."""
+    print(f"\n{'contender':<40} {'startup s':>9} {'steady s':>9} {'teardown s':>10}")
+    for name in dict.fromkeys(p["contender"] for p in per_run):
+        rows = [p for p in per_run if p["contender"] == name]
+        first = statistics.median(p["first_epoch_s"] or 0.0 for p in rows)
+        down = statistics.median(p["teardown_s"] or 0.0 for p in rows)
+        wall = statistics.median(p["wall_s"] for p in rows)
+        print(f"{LABELS[name]:<40} {first:>9.1f} {wall - first - down:>9.1f} {down:>10.1f}")
 
 
 def _round(value: float | None) -> float | None:

@@ -160,6 +160,7 @@ def dashboard(
     storage: StorageOpt = DEFAULT_STORAGE,
     host: Annotated[str, typer.Option(help="Interface to bind.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port to listen on.")] = 8080,
+    results: Annotated[Path, typer.Option(help="Folder for results.")] = Path("results"),
 ) -> None:
     """Serve optuna-dashboard on the storage (loopback only unless --host says otherwise)."""
     from search.record.storage import redact
@@ -176,15 +177,17 @@ def dashboard(
         raise SearchError(f"--port: {host}:{port} is already in use; pick another port")
     check_storage(storage, "--storage")
     typer.echo(f"optuna-dashboard on http://{host}:{port} for {redact(storage)}", err=True)
-    serve(storage, host, port)
+    serve(storage, host, port, results)
 
 
 def _report_after_run(study: str, storage: str, results: Path) -> None:
     """Writes the study's report at the end of ``run``; a failure costs a warning, not the run."""
+    from search.report.dashboard import publish_named
     from search.report.html import report_study
 
     try:
         path = report_study(study, storage, results)
+        publish_named(study, storage, results)  # the dashboard's note and trial artifacts
     except Exception as exc:  # the run itself succeeded; the report is a convenience
         typer.echo(f"warning: report not written: {one_line(str(exc))}", err=True)
         return
@@ -197,28 +200,47 @@ def export(
     study: Annotated[str, typer.Argument(help="Study name.")],
     storage: StorageOpt = DEFAULT_STORAGE,
     out: Annotated[
-        Path | None, typer.Option(help="Bundle folder (default results/<study>/export).")
+        Path | None,
+        typer.Option(
+            help="Bundle folder (default results/<study>/export; with --pareto "
+            "results/<study>/export/pareto)."
+        ),
     ] = None,
     top_k: Annotated[int, typer.Option(min=1, help="Configs to confirm.")] = 3,
     seeds: Annotated[int, typer.Option(min=1, help="Fresh seeds per config.")] = 3,
     results: Annotated[Path, typer.Option(help="Folder for results.")] = Path("results"),
     address: Annotated[str | None, typer.Option(help="Ray cluster to join.")] = None,
+    pareto: Annotated[
+        bool,
+        typer.Option(
+            "--pareto",
+            help="Several objectives: confirm every Pareto-optimal config, one bundle each, "
+            "and an index (pareto.csv, PARETO.md, pareto.png).",
+        ),
+    ] = False,
+    pick: Annotated[
+        str | None,
+        typer.Option(
+            help="Export the one trial these constraints choose, e.g. 'latency_ms<5' "
+            "(<, <=, >, >=; comma-separated): the best on the primary objective among "
+            "the Pareto front's trials (every COMPLETE trial with one objective) that "
+            "satisfy them.",
+        ),
+    ] = None,
 ) -> None:
     """Confirm the top configs with fresh seeds, retrain the winner, write a model bundle."""
     from search.handover.export import export_study
+    from search.handover.pareto import export_pareto
     from search.run.preflight import check_storage
 
+    if pareto and pick is not None:
+        raise SearchError("--pareto and --pick: give one (--pareto exports every point)")
     check_storage(storage, "--storage")
-    export_study(
-        study,
-        storage,
-        out,
-        top_k=top_k,
-        seeds=seeds,
-        address=address,
-        results_dir=results,
-        log=lambda line: console.print(line, markup=False),
-    )
+    log = functools.partial(console.print, markup=False)
+    if pareto:
+        export_pareto(study, storage, out, seeds, address, results, log)
+        return
+    export_study(study, storage, out, top_k, seeds, address, results, log, pick=pick)
 
 
 @app.command()
@@ -229,11 +251,13 @@ def report(
     results: Annotated[Path, typer.Option(help="Folder for results.")] = Path("results"),
 ) -> None:
     """Write results/<study>/report.html (offline plotly figures) and figures/*.png."""
+    from search.report.dashboard import publish_named
     from search.report.html import report_study
     from search.run.preflight import check_storage
 
     check_storage(storage, "--storage")
     console.print(f"report {report_study(study, storage, results)}")
+    publish_named(study, storage, results)  # the dashboard's note and trial artifacts
 
 
 @app.command()
@@ -255,7 +279,7 @@ def train(
     from search.spec.schema import load_spec
 
     parsed = load_spec(spec)
-    metric = parsed.objective.metric
+    metric = parsed.primary.metric
     final = train_spec(parsed, out, log=lambda line: console.print(line, markup=False))
     console.print(f"{metric} {final[metric]:.4f}")
     exported = spec.parent / "metrics.json"

@@ -13,7 +13,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import numbers
-from collections.abc import Generator, Iterable, Mapping
+from collections.abc import Generator, Iterable, Mapping, Sequence
 from contextlib import closing
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
@@ -115,11 +115,15 @@ class Epoch:
 
 
 def drive(
-    epochs: Iterable[Mapping[str, Any]], max_epochs: int, start: int = 1, metric: str = ""
+    epochs: Iterable[Mapping[str, Any]],
+    max_epochs: int,
+    start: int = 1,
+    metric: str | Sequence[str] = "",
 ) -> Generator[Epoch, None, None]:
     """Iterates a trainable's epochs until the budget, a non-finite metric, or its own end.
 
-    With ``metric`` (the objective), an epoch without it as a number also ends the run.
+    With ``metric`` (the objective, or every objective of a multi-objective study), an epoch
+    without it as a number also ends the run.
 
     The trainable's generator is closed when the loop ends, also when the caller stops early
     (close this generator, or use it in ``contextlib.closing``).
@@ -130,11 +134,12 @@ def drive(
         >>> [e.fail_reason for e in drive(iter([{"a": 1}, {"a": float("inf")}, {}]), 9)]
         [None, 'a is inf at epoch 2']
     """
+    required = [metric] if isinstance(metric, str) else list(metric)
     try:
         for number, raw in enumerate(epochs, start=start):
             metrics = as_metrics(raw)
-            missing = metric_problem(metrics, metric, number) if metric else None
-            reason = missing or nonfinite_reason(metrics, number)
+            missing = (metric_problem(metrics, m, number) for m in required if m)
+            reason = next((m for m in missing if m), None) or nonfinite_reason(metrics, number)
             yield Epoch(number, metrics, reason)
             if reason or number >= max_epochs:
                 return

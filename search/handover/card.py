@@ -295,7 +295,7 @@ def _data_line(spec: StudySpec) -> str:
 def model_card(study: optuna.Study, spec: StudySpec, metrics: Mapping[str, Any], out: Path) -> str:
     """``MODEL_CARD.md``: what the model is, how it was chosen, how well it does, how to use it."""
 
-    metric, mode = spec.objective.metric, spec.objective.mode
+    metric, mode = spec.primary.metric, spec.primary.mode
     final: Mapping[str, float] = metrics["final"]
     chosen = metrics["chosen"]
     rows = metrics["confirmation"]

@@ -1,15 +1,18 @@
 """Confirm the best configs of a study with fresh seeds (steps 1 to 3 of ``export``).
 
-1. **Candidates**: the top ``K`` COMPLETE trials of the study (best value first, duplicates of
-   the same parameters dropped). A study without a COMPLETE trial is refused (one line).
+1. **Candidates** (:mod:`search.handover.candidates`): the top ``K`` COMPLETE trials of the
+   study on the primary objective (the Pareto front's, with several objectives).
 2. **Confirmation**: each candidate is trained again ``S`` times at the full epoch budget, with
-   fresh seeds (:func:`confirmation_seeds`: the same ``S`` seeds for every candidate, none of
-   them a seed the search used), as plain ``ray.remote`` tasks with one trial's resources,
-   at most ``resources.max_concurrent`` at once (search trials already had their chance to be
-   lucky; new seeds measure the config, not the draw). Every run is recorded in the study
-   ``<study>-confirm`` of the same storage, with its intermediate values and the user
-   attributes ``role: confirmation``, ``source_trial``, ``seed``, ``export_run``; the search
-   study itself is left alone, so its sampler and ``best_trial`` see search trials only.
+   fresh seeds (:func:`~search.handover.candidates.confirmation_seeds`: the same ``S`` seeds
+   for every candidate, none of them a seed the search used), as plain ``ray.remote`` tasks
+   with one trial's resources, at most ``resources.max_concurrent`` at once (search trials
+   already had their chance to be lucky; new seeds measure the config, not the draw). Every
+   run is recorded in the study ``<study>-confirm`` of the same storage, with its
+   intermediate values and the user attributes ``role: confirmation``, ``source_trial``,
+   ``seed``, ``export_run``; the search study itself is left alone, so its sampler and
+   ``best_trial`` see search trials only. The confirmation study has one objective, the
+   primary one (each run's value); every metric of a run's last epoch is in its user
+   attribute ``final_metrics``.
 3. **Choice** (:func:`confirmation_table`): the candidate with the fewest failed runs, then
    the best mean (spread: sample standard deviation, min and max).
 
@@ -18,20 +21,19 @@
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import statistics
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from search.contract import declarations
 from search.errors import one_line
-from search.handover.train import ExportError, Log, train_once
+from search.handover.candidates import Candidate, resolved_config
+from search.handover.train import Log, train_once
 from search.record.storage import open_storage, redact
 from search.record.study import CONFIRM_SUFFIX
 from search.run.cluster import init_ray
@@ -45,19 +47,6 @@ if TYPE_CHECKING:
 
 ROLE = "confirmation"
 """User attribute ``role`` of every confirmation trial (and of the confirmation study)."""
-
-CONFIRM_SEED_OFFSET = 1_000_000
-"""Confirmation seeds start here above the sampler's seed; search trial ``n`` used seed + n."""
-
-
-@dataclass(frozen=True)
-class Candidate:
-    """One COMPLETE search trial that goes to confirmation."""
-
-    number: int
-    value: float
-    params: dict[str, Any]
-    distributions: dict[str, Any]
 
 
 @dataclass
@@ -73,8 +62,8 @@ class ConfirmRun:
     node: str = ""
 
     def value(self, metric: str) -> float | None:
-        """The metric of the last epoch, or ``None`` when the run failed."""
-        if self.fail_reason or not self.history:
+        """The metric of the last epoch, or ``None`` when the run failed or lacks it."""
+        if self.fail_reason or not self.history or metric not in self.history[-1]:
             return None
         return float(self.history[-1][metric])
 
@@ -118,85 +107,6 @@ class Row:
             "values": {str(seed): v for seed, v in self.values.items()},
             "params": self.params,
         }
-
-
-# --- candidates and seeds ----------------------------------------------------------------------
-
-
-def stored_spec(study: optuna.Study, storage: str) -> StudySpec:
-    """The spec recorded on ``study``, with ``storage`` (the real URL) for the redacted one.
-
-    Raises:
-        ExportError: When the study holds no spec (it was not created by ``search run``).
-    """
-    data = study.user_attrs.get("spec")
-    if not isinstance(data, dict):
-        raise ExportError(
-            f"study {study.study_name!r} has no spec (user attribute 'spec'); "
-            "only studies made by 'python -m search run' can be exported"
-        )
-    return parse_spec({**data, "storage": storage}, f"study {study.study_name!r}: spec")
-
-
-def candidates(study: optuna.Study, top_k: int) -> list[Candidate]:
-    """The ``top_k`` best COMPLETE trials with finite values, distinct parameters.
-
-    Raises:
-        ExportError: When the study has no COMPLETE trial.
-    """
-    from optuna.study import StudyDirection
-    from optuna.trial import TrialState
-
-    trials = study.get_trials(deepcopy=False)
-    done = [
-        t
-        for t in trials
-        if t.state == TrialState.COMPLETE and t.value is not None and math.isfinite(t.value)
-    ]
-    if not done:
-        counts = {s: sum(t.state.name == s for t in trials) for s in ("PRUNED", "FAIL")}
-        raise ExportError(
-            f"study {study.study_name!r} has no COMPLETE trial to export ({len(trials)} trials: "
-            f"{counts['PRUNED']} pruned, {counts['FAIL']} failed); run more trials first"
-        )
-    sign = -1.0 if study.direction == StudyDirection.MAXIMIZE else 1.0
-    done.sort(key=lambda t: (sign * float(t.value or 0.0), t.number))
-    chosen: list[Candidate] = []
-    seen: set[str] = set()
-    for trial in done:
-        key = json.dumps(trial.params, sort_keys=True, default=str)
-        if key in seen:
-            continue
-        seen.add(key)
-        chosen.append(
-            Candidate(
-                trial.number,
-                float(trial.value or 0.0),
-                dict(trial.params),
-                dict(trial.distributions),
-            )
-        )
-        if len(chosen) == top_k:
-            break
-    return chosen
-
-
-def confirmation_seeds(spec: StudySpec, count: int) -> list[int]:
-    """``count`` seeds no search trial used (trial ``n`` trains with ``sampler.seed + n``)."""
-    base = (spec.sampler.seed or 0) + CONFIRM_SEED_OFFSET
-    return [base + j for j in range(count)]
-
-
-def resolved_config(spec: StudySpec, params: Mapping[str, Any]) -> dict[str, Any]:
-    """``fixed`` and ``params``, plus every other knob the trainable reads at its default.
-
-    The defaults come from the trainable's ``@trainable(defaults=...)`` when it has them, so the
-    exported config does not depend on defaults that a later version might change.
-    """
-    plain = (str, int, float, bool, type(None))
-    defaults = declarations(spec.trainable).defaults or {}
-    known = {k: v for k, v in defaults.items() if isinstance(v, plain)}
-    return {**known, **spec.fixed, **params}
 
 
 # --- confirmation runs (Ray tasks) ------------------------------------------------------------
@@ -283,7 +193,7 @@ def confirm_study(study: optuna.Study, storage: str) -> optuna.Study:
     confirm = optuna.create_study(
         study_name=study.study_name + CONFIRM_SUFFIX,
         storage=open_storage(storage),
-        direction=study.direction,
+        direction=study.directions[0],  # the primary objective; every metric is in final_metrics
         load_if_exists=True,
     )
     confirm.set_user_attr("role", ROLE)
@@ -318,7 +228,7 @@ def run_confirmation(
     total, limit = len(queue), spec.resources.max_concurrent or len(queue)
     pending: dict[Any, tuple[int, int]] = {}
     runs: list[ConfirmRun] = []
-    metric = spec.objective.metric
+    metric = spec.primary.metric
     while queue or pending:
         while queue and len(pending) < limit:  # resources.max_concurrent holds here too
             c, seed = queue.pop(0)
@@ -336,13 +246,19 @@ def run_confirmation(
             )
         record_run(confirm, run, by_number[number], metric, export_run)
         runs.append(run)
-        value = run.value(metric)
-        shown = f"{metric}={value:.4f}" if value is not None else f"FAIL {run.fail_reason}"
         log(
             f"confirm {len(runs):>2}/{total}: trial {number:>3} seed {seed} "
-            f"epochs {len(run.history):>3} {shown} ({run.seconds:.1f} s)"
+            f"epochs {len(run.history):>3} {_shown(run, spec)} ({run.seconds:.1f} s)"
         )
     return runs
+
+
+def _shown(run: ConfirmRun, spec: StudySpec) -> str:
+    """``val_accuracy=0.9123 latency_ms=4.0000`` (every objective), or ``FAIL <reason>``."""
+    if run.value(spec.primary.metric) is None:
+        return f"FAIL {run.fail_reason}"
+    values = {o.metric: run.value(o.metric) for o in spec.objectives}
+    return " ".join(f"{k}={v:.4f}" if v is not None else f"{k}=missing" for k, v in values.items())
 
 
 def confirmation_table(

@@ -2,65 +2,81 @@
 
 ``python -m search export STUDY`` does, in order:
 
-1. to 3. **Candidates, confirmation, choice** (:mod:`search.handover.confirm`): the top ``K``
-   COMPLETE trials, each trained again with ``S`` fresh seeds as Ray tasks with one trial's
-   resources (:func:`with_placement`), recorded in the study ``<study>-confirm``; the candidate
-   with the fewest failed runs, then the best mean, wins.
+1. to 3. **Candidates, confirmation, choice** (:mod:`search.handover.candidates`,
+   :mod:`search.handover.confirm`): the top ``K`` COMPLETE trials on the primary objective
+   (with several objectives: of the Pareto front), each trained again with ``S`` fresh seeds
+   as Ray tasks with one trial's resources (:func:`with_placement`), recorded in the study
+   ``<study>-confirm``; the candidate with the fewest failed runs, then the best mean, wins.
+   ``--pick "latency_ms<5"`` (:mod:`search.handover.pick`) replaces the top ``K`` by the one
+   trial the constraints choose.
 4. **Final model** (:mod:`search.handover.train`): the chosen config is trained once more, in
    this process, through its trainable's export hook, with the seed of its
    median confirmation run, on the same training split. The validation split is kept apart
    (not merged into training): it is the only held-out data a spec has, the schedules and
    early stopping read its loss, and the exported accuracy must be reproducible by
    ``python -m search train DIR/config.yaml`` and by the ONNX model on the same split.
-5. **Bundle** in ``DIR``: ``config.yaml`` (a spec: the whole config with every knob of the
-   trainable, the seed, data, budget; ``run`` and ``train`` accept it), the model files the
-   hook writes, ``metrics.json``, ``environment.txt``, ``learning_curves.png`` and
-   ``MODEL_CARD.md`` (:mod:`search.handover.card`).
+5. **Bundle** in ``DIR`` (:func:`write_bundle`): ``config.yaml`` (a spec: the whole config
+   with every knob of the trainable, the seed, data, budget; ``run`` and ``train`` accept
+   it), the model files the hook writes, ``metrics.json``, ``environment.txt``,
+   ``learning_curves.png`` and ``MODEL_CARD.md`` (:mod:`search.handover.card`).
+
+``--pareto`` (:mod:`search.handover.pareto`) confirms the whole front and writes one such
+bundle per point, with the same steps.
 """
 
 from __future__ import annotations
 
-import json
-import math
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import yaml
-
 from search.contract import declarations
-from search.handover import card
-from search.handover.confirm import (
-    Row,
+from search.handover.bundle import (
+    FINAL_SUFFIX,
+    TOLERANCE,
+    ExportResult,
+    Session,
+    confirmed_metrics,
+    write_bundle,
+)
+from search.handover.candidates import (
+    Candidate,
+    as_candidate,
     candidates,
-    confirm_study,
     confirmation_seeds,
-    confirmation_table,
-    median_seed,
-    resolved_config,
-    run_confirmation,
     stored_spec,
 )
-from search.handover.train import ExportError, Log, no_hook, train_spec
-from search.record.storage import redact
+from search.handover.confirm import (
+    ConfirmRun,
+    Row,
+    confirm_study,
+    confirmation_table,
+    run_confirmation,
+)
+from search.handover.pick import parse_constraints, pick_trial
+from search.handover.train import ExportError, Log, no_hook
 from search.record.study import load_study
 from search.run.cluster import init_ray
 from search.run.data import load_data
 from search.run.placement import resolve
-from search.spec.derive import one_trial_spec
 from search.spec.schema import parse_spec
 
 if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    import optuna
+
     from search.spec.schema import StudySpec
 
-TOLERANCE = 0.02
-"""How close ``python -m search train config.yaml`` must come to the exported metric."""
-
-FINAL_SUFFIX = "-final"
-
-
-# --- the final model and the bundle ----------------------------------------------------------
+__all__ = [
+    "FINAL_SUFFIX",
+    "TOLERANCE",
+    "ExportResult",
+    "confirm_candidates",
+    "export_study",
+    "open_session",
+    "with_placement",
+]
 
 
 def with_placement(spec: StudySpec) -> StudySpec:
@@ -84,16 +100,40 @@ def with_placement(spec: StudySpec) -> StudySpec:
     return parse_spec(data, f"study {spec.study!r}: spec (resources resolved)")
 
 
-@dataclass(frozen=True)
-class ExportResult:
-    """What ``export`` wrote and measured."""
+def open_session(
+    study: optuna.Study,
+    spec: StudySpec,
+    storage: str,
+    seeds: int,
+    address: str | None,
+    log: Log,
+    start: float,
+) -> Session:
+    """Refuses a trainable without an export hook, then starts Ray and loads the data."""
+    if declarations(spec.trainable).export is None:
+        raise ExportError(no_hook(spec.trainable))
+    init_ray(address)
+    spec = with_placement(spec)
+    confirm = confirm_study(study, storage)
+    seed_list = confirmation_seeds(spec, seeds)
+    return Session(study, spec, seed_list, confirm, load_data(spec.data), address, log, start)
 
-    out_dir: Path
-    rows: list[Row]
-    chosen: Row
-    seed: int
-    final: dict[str, float]
-    seconds: float
+
+def confirm_candidates(
+    session: Session, cands: Sequence[Candidate]
+) -> tuple[list[ConfirmRun], list[Row]]:
+    """Every candidate trained with every seed; the table on the primary objective, best
+    first."""
+    spec = session.spec
+    session.log(
+        f"confirming {len(cands)} config(s) (trials {', '.join(str(c.number) for c in cands)}) "
+        f"with seeds {', '.join(map(str, session.seeds))} at {spec.budget.max_epochs} epochs"
+    )
+    runs = run_confirmation(
+        spec, cands, session.seeds, session.confirm, session.data, session.address, session.log
+    )
+    rows = confirmation_table(cands, session.seeds, runs, spec.primary.metric, spec.primary.mode)
+    return runs, rows
 
 
 def export_study(
@@ -105,81 +145,67 @@ def export_study(
     address: str | None = None,
     results_dir: Path = Path("results"),
     log: Log = print,
+    pick: str | None = None,
 ) -> ExportResult:
-    """The whole ``export`` command (module docstring); returns what it wrote and measured."""
+    """The whole ``export`` command (module docstring); returns what it wrote and measured.
+
+    Args:
+        pick: Constraints (``"latency_ms<5"``, :mod:`search.handover.pick`): export the one
+            trial they choose instead of the top ``top_k``.
+    """
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     start = time.monotonic()
     study = load_study(study_name, storage)
     spec = stored_spec(study, storage)
-    cands = candidates(study, top_k)
-    if declarations(spec.trainable).export is None:
-        raise ExportError(no_hook(spec.trainable))
+    cands = _choose(study, spec, top_k, pick, log)
     out = Path(out_dir) if out_dir else results_dir / study_name / "export"
+    session = open_session(study, spec, storage, seeds, address, log, start)
     out.mkdir(parents=True, exist_ok=True)
-    init_ray(address)
-    spec = with_placement(spec)
-    seed_list = confirmation_seeds(spec, seeds)
-    log(
-        f"confirming {len(cands)} config(s) (trials {', '.join(str(c.number) for c in cands)}) "
-        f"with seeds {', '.join(map(str, seed_list))} at {spec.budget.max_epochs} epochs"
-    )
-    confirm = confirm_study(study, storage)
-    data = load_data(spec.data)
-    runs = run_confirmation(spec, cands, seed_list, confirm, data, address, log)
-    rows = confirmation_table(cands, seed_list, runs, spec.objective.metric, spec.objective.mode)
-    chosen = rows[0]
-    if not chosen.ok:
+    runs, rows = confirm_candidates(session, cands)
+    if not rows[0].ok:
         raise ExportError(
-            f"every confirmation run failed (see study {confirm.study_name!r}: fail_reason)"
+            f"every confirmation run failed (see study {session.confirm.study_name!r}: fail_reason)"
         )
-    seed = median_seed(chosen)
-    config = resolved_config(spec, chosen.params)
-    log(
-        f"chose trial {chosen.source_trial}: {spec.objective.metric} mean {chosen.mean:.4f} "
-        f"± {chosen.std:.4f} over {len(chosen.ok)} seeds; final model with seed {seed}"
-    )
-    bundle = one_trial_spec(spec, config, seed, FINAL_SUFFIX, redact(spec.storage))
-    parse_spec(bundle, "config.yaml")  # the bundle's spec must validate before it is written
-    history: list[dict[str, float]] = []
-    final = train_spec(parse_spec(bundle, "config.yaml"), out, log=None, history=history)
-    metric = spec.objective.metric
-    twin = chosen.values.get(seed)
-    log(
-        f"final model {metric} {final.get(metric, math.nan):.4f} (its confirmation run with "
-        f"seed {seed}: {twin:.4f})"
-    )
-    header = (
-        f"# exported from study {study_name!r}, trial {chosen.source_trial}, seed {seed}\n"
-        f"# confirmed {metric} {chosen.mean:.4f} ± {chosen.std:.4f} "
-        f"({len(chosen.ok)} seeds); this run: {final.get(metric, math.nan):.4f}\n"
-        f"# python -m search train config.yaml reproduces it within {TOLERANCE}\n"
-    )
-    (out / "config.yaml").write_text(header + yaml.safe_dump(bundle, sort_keys=False))
-    seconds = time.monotonic() - start
-    result = ExportResult(out, rows, chosen, seed, final, seconds)
-    metrics = {
-        "study": study_name,
-        "trainable": spec.trainable,
-        "objective": {"metric": metric, "mode": spec.objective.mode},
-        "confirm_study": confirm.study_name,
-        "seeds": seed_list,
-        "max_epochs": spec.budget.max_epochs,
-        "chosen": {"source_trial": chosen.source_trial, "seed": seed, "config": config},
-        "confirmation": [r.as_dict() for r in rows],
-        "final": final,
-        "tolerance": TOLERANCE,
-        "final_seed_confirmation_value": twin,
-        "final_history": history,
-        "export_seconds": round(seconds, 1),
-    }
-    (out / "metrics.json").write_text(json.dumps(metrics, indent=2, default=str) + "\n")
-    (out / "environment.txt").write_text(card.environment(spec.trainable))
-    card.learning_curves(out / "learning_curves.png", runs, chosen.source_trial, history, metric)
-    (out / "MODEL_CARD.md").write_text(card.model_card(study, spec, metrics, out))
-    log(
-        f"{metric} {final.get(metric, math.nan):.4f} (final model); bundle in {out}/ "
-        f"({', '.join(sorted(p.name for p in out.iterdir()))}) in {seconds:.0f} s"
-    )
+    result = write_bundle(session, rows[0], rows, runs, out)
+    if pick:
+        _check_pick(session, rows[0], runs, pick)
     return result
+
+
+def _choose(
+    study: optuna.Study, spec: StudySpec, top_k: int, pick: str | None, log: Log
+) -> list[Candidate]:
+    """The candidates: the one trial ``pick`` chooses, or the top ``top_k`` (the front's, and
+    a line that says so, with several objectives)."""
+    names = [o.metric for o in spec.objectives]
+    if pick:
+        trial, _, fits = pick_trial(study, spec, pick)
+        values = ", ".join(f"{n}={v:.4g}" for n, v in zip(names, trial.values, strict=False))
+        log(
+            f"--pick {pick!r}: trial {trial.number} ({values}), the best on "
+            f"{spec.primary.metric} of {fits} trial(s) that satisfy it"
+        )
+        return [as_candidate(trial)]
+    if spec.multi_objective:
+        log(
+            f"study {study.study_name!r} has {len(names)} objectives ({', '.join(names)}): "
+            f"exporting the Pareto front's best on {spec.primary.metric}; --pareto exports "
+            f"every point of the front, --pick '{names[1]}<...' chooses one by a constraint"
+        )
+    return candidates(study, top_k)
+
+
+def _check_pick(session: Session, chosen: Row, runs: Sequence[ConfirmRun], pick: str) -> None:
+    """A note for each constraint the confirmed mean no longer satisfies (the search value
+    did; fresh seeds may disagree)."""
+    constraints = parse_constraints(pick)
+    stats = confirmed_metrics(chosen, runs, [c.metric for c in constraints])
+    for c in constraints:
+        mean = stats[c.metric]["mean"]
+        if not c.holds(mean):
+            session.log(
+                f"note: trial {chosen.source_trial} satisfied {c} in the search, but its "
+                f"confirmed mean {c.metric} is {'missing' if mean is None else f'{mean:.4g}'}"
+            )

@@ -159,8 +159,8 @@ def export_model(
 
 def epoch_line(epoch: int, metrics: Mapping[str, float], spec: StudySpec) -> str:
     """``epoch   3 val_accuracy=0.9722 val_loss=0.0950 train_loss=0.1234``."""
-    keys = [spec.objective.metric] + [
-        k for k in ("val_loss", "train_loss") if k != spec.objective.metric
+    keys = [spec.primary.metric] + [
+        k for k in ("val_loss", "train_loss") if k != spec.primary.metric
     ]
     shown = " ".join(f"{k}={metrics[k]:.4f}" for k in keys if k in metrics)
     return f"epoch {epoch:>3} {shown}"

@@ -8,7 +8,8 @@ The rules:
     * stopped from outside (``budget.time_limit_s``, Ctrl-C) after some epochs -> ``PRUNED``
       with ``stopped_by``, before its first epoch -> ``FAIL``;
     * trained to the end, or stopped by its own early-stopping rule -> ``COMPLETE`` with the
-      metric of its last epoch;
+      metric of its last epoch (every objective's, in a multi-objective study, each of them
+      there and finite, or ``FAIL``);
     * never trained an epoch -> ``FAIL`` ("no epoch reported").
 """
 
@@ -50,6 +51,8 @@ class TrialRecord:
 
     metric: str
     max_epochs: int
+    objectives: tuple[str, ...] = ()
+    """The other objectives of a multi-objective study, after ``metric``."""
     curve: dict[int, float] = field(default_factory=dict)
     last: dict[str, Any] = field(default_factory=dict)
     pruned: bool = False
@@ -86,6 +89,21 @@ class TrialRecord:
         self.curve[epoch] = value
         return epoch, value
 
+    def values(self) -> list[float]:
+        """The last epoch's value of every objective, ``metric`` first (NaN where missing).
+
+        Example:
+            >>> record = TrialRecord("acc", 3, objectives=("latency_ms",))
+            >>> record.add({"acc": 0.9, "latency_ms": 2.5, METRIC_KEYS: ["acc", "latency_ms"]})
+            (1, 0.9)
+            >>> record.values()
+            [0.9, 2.5]
+        """
+        last = self.metrics.get(self.epochs, {})
+        return [self.curve.get(self.epochs, math.nan)] + [
+            last.get(name, math.nan) for name in self.objectives
+        ]
+
     @property
     def epochs(self) -> int:
         """How many epochs the trial trained."""
@@ -107,6 +125,13 @@ class TrialRecord:
         value = self.curve[self.epochs]
         if not math.isfinite(value):
             return TrialState.FAIL, None, nonfinite_reason({self.metric: value}, self.epochs)
+        last = self.metrics.get(self.epochs, {})
+        for name in self.objectives:
+            if name not in last:
+                reason = f"metric {name} missing at epoch {self.epochs}"
+                return TrialState.FAIL, None, reason
+            if not math.isfinite(last[name]):
+                return TrialState.FAIL, None, nonfinite_reason({name: last[name]}, self.epochs)
         if (self.pruned or self.interrupted) and self.epochs < self.max_epochs:
             return TrialState.PRUNED, value, None
         return TrialState.COMPLETE, value, None

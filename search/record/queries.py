@@ -29,16 +29,23 @@ ATTR_COLUMNS = ("epochs", "seconds", "device", "node", "fail_reason", "traceback
 
 def trials_frame(study: optuna.Study) -> pd.DataFrame:
     """One row per trial: number, state, value, each parameter, epochs, seconds, and more, and
-    ``metric_<name>`` for every metric the trainable yielded at its last epoch."""
+    ``metric_<name>`` for every metric the trainable yielded at its last epoch.
+
+    A multi-objective study has ``value_<metric>`` per objective instead of ``value``, and
+    ``pareto`` (whether the trial is on the Pareto front)."""
     import pandas as pd
 
+    names = objective_names(study)
+    front = {t.number for t in pareto_trials(study)} if len(names) > 1 else set()
     rows = []
     for trial in study.get_trials(deepcopy=False):
-        row: dict[str, Any] = {
-            "number": trial.number,
-            "state": trial.state.name,
-            "value": trial.value,
-        }
+        row: dict[str, Any] = {"number": trial.number, "state": trial.state.name}
+        if len(names) == 1:
+            row["value"] = trial.values[0] if trial.values else None
+        else:
+            values = trial.values or [None] * len(names)
+            row.update({f"value_{n}": v for n, v in zip(names, values, strict=True)})
+            row["pareto"] = trial.number in front
         row.update({f"param_{k}": v for k, v in trial.params.items()})
         row.update({k: trial.user_attrs.get(k) for k in ATTR_COLUMNS})
         metrics = trial.user_attrs.get("metrics")
@@ -54,12 +61,31 @@ def state_counts(study: optuna.Study) -> dict[str, int]:
 
 
 def best_trial(study: optuna.Study) -> optuna.trial.FrozenTrial | None:
-    """The best COMPLETE trial, or ``None`` when there is none."""
+    """The best COMPLETE trial, or ``None`` when there is none or the study has several
+    objectives (it has a front: :func:`pareto_trials`)."""
     from optuna.trial import TrialState
 
+    if len(study.directions) > 1:
+        return None
     if not study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
         return None
     return study.best_trial
+
+
+def pareto_trials(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:
+    """The COMPLETE trials no other COMPLETE trial dominates (the best one, with a single
+    objective), by number."""
+    from optuna.trial import TrialState
+
+    if not study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
+        return []
+    return sorted(study.best_trials, key=lambda t: t.number)
+
+
+def objective_names(study: optuna.Study) -> list[str]:
+    """The study's objective names (its metric names; ``objective_<i>`` where unset)."""
+    names = study.metric_names
+    return list(names) if names else [f"objective_{i}" for i in range(len(study.directions))]
 
 
 def best_spec(spec: StudySpec, trial: optuna.trial.FrozenTrial) -> dict[str, Any]:

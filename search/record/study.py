@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import warnings
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 import optuna
 
@@ -56,21 +57,42 @@ def open_study(spec: StudySpec, restart: bool = False, source: str = "spec") -> 
     if spec.study in existing:
         _check_resumable(existing[spec.study], spec, source)
     done = existing[spec.study].n_trials if spec.study in existing else 0
-    return optuna.create_study(
+    study = optuna.create_study(
         study_name=spec.study,
         storage=storage,
         sampler=build_sampler(spec, offset=done),
-        direction="maximize" if spec.objective.mode == "max" else "minimize",
+        directions=directions(spec),
         load_if_exists=True,
     )
+    names = [o.metric for o in spec.objectives]
+    if study.metric_names != names:  # what optuna-dashboard labels the objectives with
+        with warnings.catch_warnings():  # set_metric_names is "experimental" since 3.2
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            study.set_metric_names(names)
+    return study
+
+
+def directions(spec: StudySpec) -> list[Literal["minimize", "maximize"]]:
+    """Optuna's direction of each of ``spec``'s objectives.
+
+    Example:
+        >>> from search.spec.schema import parse_spec
+        >>> two = [{"metric": "acc", "mode": "max"}, {"metric": "latency_ms", "mode": "min"}]
+        >>> spec = parse_spec({"study": "s", "trainable": "search.testing:curve", "objective": two})
+        >>> directions(spec)
+        ['maximize', 'minimize']
+    """
+    return ["maximize" if o.mode == "max" else "minimize" for o in spec.objectives]
 
 
 def _check_resumable(summary: optuna.study.StudySummary, spec: StudySpec, source: str) -> None:
     how = f"pass --restart to start study {spec.study!r} afresh, or give the study a new name"
     stored = summary.user_attrs.get("spec")
     change = incompatible_change(stored, spec) if isinstance(stored, dict) else None
-    if change is None and summary.direction.name.lower()[:3] != spec.objective.mode:
-        change = f"objective.mode: was {summary.direction.name.lower()}, now {spec.objective.mode}"
+    stored_directions = [d.name.lower() for d in summary.directions]
+    if change is None and stored_directions != directions(spec):
+        was, now = ", ".join(stored_directions), ", ".join(directions(spec))
+        change = f"objective: the study's directions are {was}, the spec's {now}"
     if change is not None:
         raise SpecMismatchError(
             f"{source}: {change}: study {spec.study!r} was run with another spec; {how}"

@@ -9,7 +9,13 @@ from typing import TYPE_CHECKING
 from rich.table import Table
 
 from search.errors import SearchError
-from search.record.queries import best_trial, state_counts, trials_frame
+from search.record.queries import (
+    best_trial,
+    objective_names,
+    pareto_trials,
+    state_counts,
+    trials_frame,
+)
 
 if TYPE_CHECKING:
     import optuna
@@ -34,12 +40,23 @@ def print_summary(console: Console, study: optuna.Study, summary: RunSummary, fo
         + ", ".join(f"{counts.get(s, 0)} {s.lower()}" for s in ("COMPLETE", "PRUNED", "FAIL"))
         + (f", {counts['RUNNING']} running" if counts.get("RUNNING") else "")
     )
+    if summary.device_hours is not None:
+        spent, budget, unit = summary.device_hours
+        reached = "; budget reached, running trials ended PRUNED" if spent >= budget else ""
+        console.print(f"{unit} time spent {spent:.4g} h of a {budget:.4g} h budget{reached}")
     if summary.interrupted:
         numbers = ", ".join(str(n) for n in summary.interrupted)
         console.print(
             f"resumed: trials {numbers} were left open by a dead driver (now FAIL, replaced)"
         )
-    if best is None:
+    front = pareto_trials(study) if len(study.directions) > 1 else []
+    if front:
+        names = objective_names(study)
+        console.print(f"Pareto front: {len(front)} trials ({', '.join(names)})")
+        for trial in front:
+            shown = ", ".join(f"{n}={_fmt(v)}" for n, v in zip(names, trial.values, strict=True))
+            console.print(f"  trial {trial.number}: {shown}")
+    elif best is None:
         console.print("no trial completed")
     else:
         console.print(f"best value {best.value:.4f} (trial {best.number})")

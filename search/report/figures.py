@@ -34,6 +34,7 @@ FIGURES: tuple[tuple[str, str], ...] = (
     ("slice", "Slice plots"),
     ("timeline", "Timeline"),
     ("metrics", "Every metric the trials yielded, per epoch"),
+    ("pareto-front", "Pareto front"),
 )
 """``(id, title)`` of each figure, in page order; the id is the plotly div's and the PNG's name."""
 
@@ -153,15 +154,26 @@ def plotly_figures(study: optuna.Study) -> dict[str, Any]:
     ``epochs.csv``: :func:`metric_curves`)."""
     from optuna import visualization as vis
 
+    on = primary_target(study)
     makers: dict[str, Callable[[], go.Figure]] = {
-        "optimization-history": lambda: vis.plot_optimization_history(study),
+        "optimization-history": lambda: vis.plot_optimization_history(study, **on),
         "intermediate-values": lambda: learning_curves(study),
-        "param-importances": lambda: vis.plot_param_importances(study),
-        "parallel-coordinate": lambda: vis.plot_parallel_coordinate(study),
+        "param-importances": lambda: vis.plot_param_importances(study, **on),
+        "parallel-coordinate": lambda: vis.plot_parallel_coordinate(study, **on),
         "slice": lambda: slice_rows(study),
         "timeline": lambda: vis.plot_timeline(study),
+        **({"pareto-front": lambda: vis.plot_pareto_front(study)} if on else {}),
     }
     return {name: _attempt(make) for name, make in makers.items()}
+
+
+def primary_target(study: optuna.Study) -> dict[str, Any]:
+    """For a multi-objective study, the ``target`` and ``target_name`` that make optuna's
+    single-objective figures plot its first objective; nothing for a single objective."""
+    if len(study.directions) == 1:
+        return {}
+    name = study.metric_names[0] if study.metric_names else "objective 0"
+    return {"target": lambda t: t.values[0], "target_name": name}
 
 
 SLICES_PER_ROW = 4
@@ -175,7 +187,10 @@ def slice_rows(study: optuna.Study) -> list[go.Figure]:
     done = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
     names = sorted({name for t in done for name in t.params})  # what optuna's slices plot
     rows = [names[i : i + SLICES_PER_ROW] for i in range(0, len(names), SLICES_PER_ROW)]
-    figures = [plot_slice(study, params=row) for row in rows] if rows else [plot_slice(study)]
+    on = primary_target(study)
+    figures = (
+        [plot_slice(study, params=row, **on) for row in rows] if rows else [plot_slice(study, **on)]
+    )
     for figure, row in zip(figures, rows or [[]], strict=False):
         full = len(row) == SLICES_PER_ROW  # a short last row keeps optuna's panel width
         figure.update_layout(width=None if full else 300 * max(1, len(row)) + 200, autosize=full)
@@ -241,13 +256,15 @@ def write_pngs(study: optuna.Study, folder: Path) -> dict[str, Path | str]:
     import numpy as np
     from optuna.visualization import matplotlib as vis
 
+    on = primary_target(study)
     makers: dict[str, Callable[[], Any]] = {
-        "optimization-history": lambda: vis.plot_optimization_history(study),
+        "optimization-history": lambda: vis.plot_optimization_history(study, **on),
         "intermediate-values": lambda: _png_learning_curves(study),
-        "param-importances": lambda: vis.plot_param_importances(study),
-        "parallel-coordinate": lambda: vis.plot_parallel_coordinate(study),
-        "slice": lambda: vis.plot_slice(study),
+        "param-importances": lambda: vis.plot_param_importances(study, **on),
+        "parallel-coordinate": lambda: vis.plot_parallel_coordinate(study, **on),
+        "slice": lambda: vis.plot_slice(study, **on),
         "timeline": lambda: vis.plot_timeline(study),
+        **({"pareto-front": lambda: vis.plot_pareto_front(study)} if on else {}),
     }
     folder.mkdir(parents=True, exist_ok=True)
     written: dict[str, Path | str] = {}

@@ -19,7 +19,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from search.record.queries import EPOCHS_FILE
+from search.record.queries import EPOCHS_FILE, best_trial, objective_names, pareto_trials
 from search.record.storage import open_storage
 from search.record.study import CONFIRM_SUFFIX, load_study
 from search.report.figures import FIGURES, metric_curves, plotly_figures, spec_of, write_pngs
@@ -115,8 +115,7 @@ def summarize(study: optuna.Study) -> Summary:
     starts = [t.datetime_start for t in trials if t.datetime_start]
     ends = [t.datetime_complete for t in trials if t.datetime_complete]
     wall = (max(ends) - min(starts)).total_seconds() if starts and ends else 0.0
-    complete = [t for t in trials if t.state.name == "COMPLETE" and t.value is not None]
-    best = study.best_trial if complete else None
+    best = best_trial(study)
     counted = ("COMPLETE", "PRUNED", "FAIL")
     return Summary(
         trials=len(trials),
@@ -190,6 +189,26 @@ def confirmation_rows(confirm: optuna.Study) -> list[tuple[str, ...]]:
     return sorted(rows, key=lambda r: -float(r[1]) if r[1] != "nan" else math.inf)
 
 
+def _front_section(study: optuna.Study) -> list[str]:
+    """The Pareto front as a table, for a multi-objective study (nothing otherwise)."""
+    front = pareto_trials(study) if len(study.directions) > 1 else []
+    if not front:
+        return []
+    names = objective_names(study)
+    rows = [
+        (
+            str(t.number),
+            *(_fmt(v) for v in t.values),
+            ", ".join(f"{k}={_fmt(v)}" for k, v in t.params.items()),
+        )
+        for t in front
+    ]
+    return [
+        f"<h2>Pareto front ({len(front)} trials)</h2>",
+        _table(rows, ("trial", *names, "params")),
+    ]
+
+
 def render(
     study: optuna.Study, figures: dict[str, Any], confirm: optuna.Study | None = None
 ) -> str:
@@ -210,6 +229,7 @@ def render(
             f"<h2>Best trial #{best.number}</h2>",
             _table([(k, _fmt(v)) for k, v in best.params.items()], ("parameter", "value")),
         ]
+    parts += _front_section(study)
     if confirm is not None:
         rows = confirmation_rows(confirm)
         if rows:
@@ -219,6 +239,8 @@ def render(
             ]
     embedded = False
     for name, title in FIGURES:
+        if name == "pareto-front" and len(study.directions) == 1:
+            continue
         parts.append(f"<h2>{html.escape(title)}</h2>")
         drawn = figures.get(name, "not drawn")
         if isinstance(drawn, str):

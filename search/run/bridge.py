@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 import optuna
@@ -63,8 +64,11 @@ class OptunaBridge(Searcher):
         study: The Optuna study (any storage) that proposes and records.
         space: The define-by-run space, sampled on each new Optuna trial.
         fixed: Values merged into every config unchanged.
-        metric: The objective metric the trainable reports.
+        metric: The objective metric the trainable reports (the first, with several).
         mode: ``"min"`` or ``"max"``.
+        objectives: The other objectives of a multi-objective study. Its trials get no
+            intermediate values (Optuna refuses ``report`` there); their curves are in
+            ``epochs.csv`` and the user attribute ``metrics``.
         max_epochs: The epoch budget: a trial stopped before it was pruned.
         seed: Base seed; trial ``n`` trains with ``seed + n``.
         run_id: This run's id, recorded on every trial it creates (user attribute ``driver``).
@@ -84,6 +88,7 @@ class OptunaBridge(Searcher):
         metric: str,
         mode: str,
         max_epochs: int,
+        objectives: Sequence[str] = (),
         seed: int = 0,
         run_id: str = "",
         listeners: Sequence[Callable[[Outcome], None]] = (),
@@ -93,6 +98,7 @@ class OptunaBridge(Searcher):
         self._space = dict(space)
         self._fixed = dict(fixed)
         self._max_epochs = max_epochs
+        self._objectives = tuple(objectives)
         self._seed = seed
         self._driver = run_id
         self._live: dict[str, tuple[optuna.Trial, TrialRecord]] = {}
@@ -108,16 +114,34 @@ class OptunaBridge(Searcher):
         return self._study
 
     def suggest(self, trial_id: str) -> dict[str, Any] | None:
-        # The trial is born WAITING with this run's id in the same commit, then ``ask`` takes
-        # it: no trial is ever RUNNING without the id of the run that owns it.
-        self._study.add_trial(
-            optuna.trial.create_trial(state=TrialState.WAITING, user_attrs={"driver": self._driver})
-        )
-        trial = self._study.ask()
+        trial = self._ask()
         params = sample(trial, self._space)
         trial.set_user_attr("ray_trial_id", trial_id)
-        self._live[trial_id] = (trial, TrialRecord(self.metric or "", self._max_epochs))
+        record = TrialRecord(self.metric or "", self._max_epochs, self._objectives)
+        self._live[trial_id] = (trial, record)
         return {**self._fixed, **params, SEED: self._seed + trial.number, NUMBER: trial.number}
+
+    def _ask(self) -> optuna.Trial:
+        """``study.ask()`` in one commit: the trial is born RUNNING with this run's id, so no
+        trial is ever RUNNING without the id of the run that owns it. (Born WAITING, then
+        taken by ``ask``, it cost a second commit that waits for every queued write.) Nothing
+        here enqueues trials, and a resume fails the WAITING ones a dead driver left."""
+        study = self._study
+        study._thread_local.cached_all_trials = None  # as ask: read the storage afresh
+        template = optuna.trial.FrozenTrial(
+            number=-1,
+            state=TrialState.RUNNING,
+            value=None,
+            datetime_start=datetime.now(),
+            datetime_complete=None,
+            params={},
+            distributions={},
+            user_attrs={"driver": self._driver},
+            system_attrs={},
+            intermediate_values={},
+            trial_id=-1,
+        )
+        return optuna.Trial(study, study._storage.create_new_trial(study._study_id, template))
 
     def on_trial_result(self, trial_id: str, result: dict[str, Any]) -> None:
         self._add(trial_id, result)
@@ -176,7 +200,7 @@ class OptunaBridge(Searcher):
     def _add(self, trial_id: str, result: Mapping[str, Any]) -> None:
         trial, record = self._live[trial_id]
         new = record.add(result)
-        if new is not None:
+        if new is not None and not self._objectives:
             epoch, value = new
             trial.report(value, step=epoch)
 
@@ -184,10 +208,10 @@ class OptunaBridge(Searcher):
         trial, record = self._live.pop(trial_id)
         state, value, reason = record.fate()
         attrs = {**record.user_attrs(), **({"fail_reason": reason} if reason else {})}
-        values = value if state == TrialState.COMPLETE else None
+        stored = _told_values(record, state, value)
+        values = stored if state == TrialState.COMPLETE else None
         # The fate in one write first: a driver killed before ``tell`` lands loses nothing,
         # the next run applies it (search/record/resume.py).
-        stored = [value] if value is not None and state != TrialState.FAIL else None
         self._study._storage.set_trial_system_attr(
             trial._trial_id, FATE, fate_record(state, stored, attrs)
         )
@@ -218,6 +242,16 @@ class OptunaBridge(Searcher):
 
     def restore(self, checkpoint_path: str) -> None:
         pass
+
+
+def _told_values(record: TrialRecord, state: TrialState, value: float | None) -> list[float] | None:
+    """The values the study keeps: every objective's for a COMPLETE trial, the objective's
+    last value for a PRUNED single-objective one (Optuna's own rule), else none."""
+    if state == TrialState.COMPLETE:
+        return record.values()
+    if state == TrialState.PRUNED and not record.objectives and value is not None:
+        return [value]
+    return None
 
 
 class ErrorCallback(Callback):

@@ -57,7 +57,9 @@ def init_ray(address: str | None, num_cpus: int | None = None, num_gpus: int | N
     if address is None:  # a local Ray that turned token auth on says so: news to nobody
         logging.getLogger(_AUTH_LOGGER).addFilter(_quiet_token_enabled)
     ray.init(
-        address=address,
+        # "local": a fresh Ray of this run's own, even when `ray start` left one on this
+        # machine (a cluster is joined only when the spec or --address names it).
+        address=address or "local",
         num_cpus=None if address else num_cpus,
         num_gpus=None if address else num_gpus,
         include_dashboard=False,

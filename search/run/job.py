@@ -28,6 +28,7 @@ class TrialJob:
         trainable: The spec's trainable name.
         max_epochs: The epoch budget of one trial.
         metric: The objective metric; an epoch without it as a number fails the trial.
+        objectives: The other objectives of a multi-objective study (required the same way).
         num_threads: CPU threads each training process uses.
         checkpoints: Whether trials checkpoint each epoch (``faults.checkpoints``).
         workers: Processes that train each trial data-parallel (:mod:`search.run.distributed`).
@@ -41,6 +42,12 @@ class TrialJob:
     checkpoints: bool = True
     workers: int = 1
     extras: Mapping[str, Any] = field(default_factory=dict)
+    objectives: tuple[str, ...] = ()
+
+    @property
+    def required(self) -> tuple[str, ...]:
+        """Every metric each epoch must yield as a number: the objective(s)."""
+        return tuple(m for m in (self.metric, *self.objectives) if m)
 
 
 def trial_extras(
@@ -68,20 +75,26 @@ def trial_job(spec: StudySpec, data: Any, placement: Placement | None = None) ->
         return TrialJob(
             spec.trainable,
             spec.budget.max_epochs,
-            spec.objective.metric,
+            spec.primary.metric,
             threads,
             checkpoints=False,
             extras=trial_extras(spec, data),
+            objectives=_others(spec),
         )
     return TrialJob(
         spec.trainable,
         spec.budget.max_epochs,
-        spec.objective.metric,
+        spec.primary.metric,
         placement.num_threads,
         checkpoints=spec.faults.checkpoints,
         workers=placement.workers,
         extras=trial_extras(spec, data, placement),
+        objectives=_others(spec),
     )
+
+
+def _others(spec: StudySpec) -> tuple[str, ...]:
+    return tuple(o.metric for o in spec.objectives[1:])
 
 
 def trial_context(

@@ -8,13 +8,17 @@ records it as an intermediate value; when the trial ends the bridge tells the st
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from ray.tune.stopper import CombinedStopper
 
 from search.contract import declarations
 from search.record.lease import StudyLease, new_run_id
@@ -25,6 +29,7 @@ from search.record.storage import redact
 from search.record.study import open_study, record_spec
 from search.record.writeback import WriteBehindStorage
 from search.run.bridge import ErrorCallback, OptunaBridge
+from search.run.budget import BUDGET_CAUSE, DeviceBudget, budget_for, spent_before
 from search.run.cluster import init_ray
 from search.run.data import load_data
 from search.run.gpu_memory import OOM_RETRIES, OomRetry, measure
@@ -38,7 +43,7 @@ from search.spec.derive import asha_milestones
 
 if TYPE_CHECKING:
     import optuna
-    from ray.tune import Callback
+    from ray.tune import Callback, Stopper
 
     from search.contract import Dataset
     from search.spec.schema import StudySpec
@@ -74,6 +79,8 @@ class RunSummary:
     """Optuna trial number -> final state name, for each trial this run finished."""
     stopped_early: str | None = None
     """Why the run stopped before its budget (its first trials all failed alike), if it did."""
+    device_hours: tuple[float, float, str] | None = None
+    """``(spent, budget, "GPU" or "CPU")`` when the spec has a device-hour budget."""
 
 
 def place(spec: StudySpec, data: Dataset) -> Placement:
@@ -95,7 +102,7 @@ def place(spec: StudySpec, data: Dataset) -> Placement:
 def _progress(spec: StudySpec, bridge: OptunaBridge, options: RunOptions) -> list[Callback]:
     if not options.progress:
         return []
-    objective, budget, asha = spec.objective, spec.budget, spec.asha
+    objective, budget, asha = spec.primary, spec.budget, spec.asha
     rungs = (
         asha_milestones(asha.grace_period, asha.reduction_factor, budget.max_epochs)
         if asha.enabled
@@ -125,15 +132,13 @@ def run_study(spec: StudySpec, options: RunOptions = RunOptions()) -> RunSummary
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     start = time.monotonic()
-    study = open_study(spec, restart=options.restart, source=options.source)
-    lease = StudyLease(spec.storage, spec.study, new_run_id())
-    lease.acquire(options.takeover)
+    study, lease = _open_while_ray_starts(spec, options)
     try:
         record_spec(study, spec)
         recovery = recover(study)
         budget = min(spec.budget.trials, grid_size(spec) or spec.budget.trials) - recovery.counted
-        finished, stopped = (
-            _fit(spec, options, study, lease.run_id, budget) if budget > 0 else ({}, None)
+        finished, stopped, hours = (
+            _fit(spec, options, study, lease.run_id, budget) if budget > 0 else ({}, None, None)
         )
     finally:
         lease.release()
@@ -145,14 +150,39 @@ def run_study(spec: StudySpec, options: RunOptions = RunOptions()) -> RunSummary
         interrupted=recovery.interrupted,
         states=finished,
         stopped_early=stopped,
+        device_hours=hours,
     )
+
+
+def _open(spec: StudySpec, options: RunOptions) -> tuple[optuna.Study, StudyLease]:
+    """Opens the study and takes its lease (:mod:`search.record.lease`)."""
+    study = open_study(spec, restart=options.restart, source=options.source)
+    lease = StudyLease(spec.storage, spec.study, new_run_id())
+    lease.acquire(options.takeover)
+    return study, lease
+
+
+def _open_while_ray_starts(spec: StudySpec, options: RunOptions) -> tuple[optuna.Study, StudyLease]:
+    """:func:`_open` in a thread while this one starts Ray (or joins the cluster): the two
+    take seconds each (taking the lease alone waits a second), and neither needs the other.
+    Ray starts in the main thread, where it sets its SIGTERM handler."""
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="search-open") as pool:
+        opening = pool.submit(_open, spec, options)
+        try:
+            init_ray(options.address)
+        except BaseException:
+            with contextlib.suppress(Exception):
+                opening.result()[1].release()
+            raise
+        return opening.result()
 
 
 def _fit(
     spec: StudySpec, options: RunOptions, study: optuna.Study, run_id: str, budget: int
-) -> tuple[dict[int, str], str | None]:
-    """Runs ``budget`` trials through Ray Tune; returns each one's number and final state, and
-    why the run stopped early (``None`` when it did not)."""
+) -> tuple[dict[int, str], str | None, tuple[float, float, str] | None]:
+    """Runs ``budget`` trials through Ray Tune; returns each one's number and final state, why
+    the run stopped early (``None`` when it did not), and the device-hours spent against the
+    spec's device budget (``None`` without one)."""
     import optuna
 
     init_ray(options.address)
@@ -172,24 +202,48 @@ def _fit(
         study,
         spec.space,
         spec.fixed,
-        metric=spec.objective.metric,
-        mode=spec.objective.mode,
+        metric=spec.primary.metric,
+        mode=spec.primary.mode,
         max_epochs=spec.budget.max_epochs,
+        objectives=[o.metric for o in spec.objectives[1:]],
         seed=spec.sampler.seed or 0,
         run_id=run_id,
         listeners=[watch, lambda done: append_epochs(table, done.number, done.metrics)],
     )
     stopper = RunStopper(spec.budget.time_limit_s, bridge.mark_interrupted, lambda: watch.verdict)
-    tuner = _tuner(spec, options, bridge, placement, data, stopper, budget)
+    meter = _device_budget(spec, placement, bridge)
+    tuner = _tuner(spec, options, bridge, placement, data, CombinedStopper(stopper, meter), budget)
     try:
         tuner.fit()
     finally:
         try:
             cause = "time limit" if stopper.expired else "interrupt"
+            cause = BUDGET_CAUSE if meter.exhausted else cause
             bridge.finalize("run stopped early" if watch.verdict else cause)
         finally:
             storage.close()
-    return dict(bridge.finished.values()), watch.verdict
+    hours = (meter.spent_hours, meter.hours, meter.unit) if meter.hours else None
+    return dict(bridge.finished.values()), watch.verdict, hours
+
+
+def _device_budget(spec: StudySpec, placement: Placement, bridge: OptunaBridge) -> DeviceBudget:
+    """The ``gpu_hours``/``cpu_hours`` meter, with what earlier runs of the study spent."""
+    hours, devices, unit = budget_for(
+        spec.budget.gpu_hours,
+        spec.budget.cpu_hours,
+        placement.gpus_per_trial,
+        placement.cpus_per_trial,
+    )
+    earlier = [
+        t.user_attrs for t in bridge.study.get_trials(deepcopy=False) if t.state.is_finished()
+    ]
+    return DeviceBudget(
+        hours,
+        devices,
+        lambda trial_id: bridge.mark_interrupted(trial_id, BUDGET_CAUSE),
+        spent_before(earlier, devices),
+        unit,
+    )
 
 
 def _tuner(
@@ -198,7 +252,7 @@ def _tuner(
     bridge: OptunaBridge,
     placement: Placement,
     data: Dataset,
-    stopper: RunStopper,
+    stopper: Stopper,
     budget: int,
 ) -> Any:
     """The Tune ``Tuner``: the trainable with its resources, ASHA (rungs refilled on a resume),
@@ -209,12 +263,14 @@ def _tuner(
     scheduler = build_scheduler(spec, bridge.mark_pruned)
     if isinstance(scheduler, PruneReportingASHA):
         scheduler.restore_rungs(earlier_curves(bridge.study))
-    trainable = tune.with_resources(
-        tune.with_parameters(run_trial, job=trial_job(spec, data, placement), data=data),
-        placement.ray_resources,
-    )
     packed = 0 < placement.gpus_per_trial < 1  # an out-of-memory trial retries with more GPU
     max_failures = max(spec.faults.max_failures, OOM_RETRIES if packed else 0)
+    job = trial_job(spec, data, placement)
+    if max_failures == 0:  # no retry would read a checkpoint: the trainable saves none
+        job = replace(job, checkpoints=False)
+    trainable = tune.with_resources(
+        tune.with_parameters(run_trial, job=job, data=data), placement.ray_resources
+    )
     return tune.Tuner(
         trainable,
         tune_config=tune.TuneConfig(
@@ -235,6 +291,10 @@ def _tuner(
             verbose=options.verbose,
             stop=stopper,
             failure_config=tune.FailureConfig(max_failures=max_failures),
-            checkpoint_config=tune.CheckpointConfig(num_to_keep=1),
+            # Tune snapshots the whole experiment (every trial's state, as JSON) each time one
+            # trial has made num_to_keep checkpoints since the last snapshot: with 1 that is
+            # every checkpoint, a cost that grows with the trials. The worker checkpoints at
+            # most every CHECKPOINT_EVERY_S, so with 2 the periodic snapshot comes first.
+            checkpoint_config=tune.CheckpointConfig(num_to_keep=2),
         ),
     )

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from ray.tune.schedulers import AsyncHyperBandScheduler, FIFOScheduler, TrialScheduler
 
+from search.run.moasha import MultiObjectiveASHA
 from search.spec.derive import rung_epoch
 
 if TYPE_CHECKING:
@@ -59,14 +60,25 @@ class PruneReportingASHA(AsyncHyperBandScheduler):
 
 
 def build_scheduler(spec: StudySpec, on_prune: Callable[[str], None]) -> TrialScheduler:
-    """ASHA from the spec's ``asha`` block, or first-in-first-out when it is disabled."""
+    """ASHA from the spec's ``asha`` block (MO-ASHA with several objectives), or
+    first-in-first-out when it is disabled."""
     if not spec.asha.enabled:
         return FIFOScheduler()
+    if spec.multi_objective:
+        return MultiObjectiveASHA(
+            on_prune,
+            metrics=[o.metric for o in spec.objectives],
+            modes=[o.mode for o in spec.objectives],
+            time_attr=TIME_ATTR,
+            max_t=spec.budget.max_epochs,
+            grace_period=spec.asha.grace_period,
+            reduction_factor=spec.asha.reduction_factor,
+        )
     return PruneReportingASHA(
         on_prune,
         time_attr=TIME_ATTR,
-        metric=spec.objective.metric,
-        mode=spec.objective.mode,
+        metric=spec.primary.metric,
+        mode=spec.primary.mode,
         max_t=spec.budget.max_epochs,
         grace_period=spec.asha.grace_period,
         reduction_factor=spec.asha.reduction_factor,

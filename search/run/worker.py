@@ -3,9 +3,9 @@
 This is the only code that runs in the trial's process. It resolves the trainable (imported
 once per reused actor, not once per trial), builds the trial's context (its seed, threads,
 device and GPU share; the trainable seeds its own generators from ``ctx.seed``), turns the
-state the trainable saves each epoch into a Tune checkpoint (so a retried trial resumes where
-it failed), and stops the trial itself at the first NaN or infinite metric, so ASHA never has
-to run a diverged trial to the end.
+state the trainable saves into a Tune checkpoint now and then (so a retried trial resumes near
+where it failed; see :data:`CHECKPOINT_EVERY_S`), and stops the trial itself at the first NaN
+or infinite metric, so ASHA never has to run a diverged trial to the end.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import math
 import shutil
 import socket
 import tempfile
+import time
 import traceback
 from collections.abc import Mapping
 from contextlib import closing
@@ -99,12 +100,20 @@ def _context(config: Mapping[str, Any], job: TrialJob, device: str) -> TrialCont
     )
 
 
-_SAVED: dict[str, tuple[Any, ...]] = {}
-"""Checkpoint folder -> what its files were when they last became a Tune checkpoint."""
+CHECKPOINT_EVERY_S = 30.0
+"""Least seconds between two Tune checkpoints of one trial attempt (the first is always taken).
+
+Each Tune checkpoint costs a copy into the experiment folder and work in Ray's driver loop, the
+loop that starts trials and reads every result. A retry resumes from the last one, so it trains
+again at most this long (plus one epoch); a trial shorter than this checkpoints once."""
+
+_SAVED: dict[str, tuple[tuple[Any, ...], float]] = {}
+"""Checkpoint folder -> what its files were when they last became a Tune checkpoint, and when."""
 
 
 def _checkpoint(ctx: TrialContext, epoch: int) -> Any:
-    """The epoch's Tune checkpoint, when the trainable saved new state into ``checkpoint_dir``.
+    """The epoch's Tune checkpoint, when the trainable saved new state into ``checkpoint_dir``
+    and it is this attempt's first, or :data:`CHECKPOINT_EVERY_S` passed since the last one.
 
     A trainable that saves only on some epochs leaves the folder as it was: then no checkpoint
     is made, and Tune keeps the last one, labelled with the epoch it really holds.
@@ -116,9 +125,11 @@ def _checkpoint(ctx: TrialContext, epoch: int) -> Any:
         return None
     files = sorted(p for p in Path(folder).rglob("*") if p.is_file() and p.name != EPOCH_FILE)
     state = tuple((str(p), p.stat().st_size, p.stat().st_mtime_ns) for p in files)
-    if not state or _SAVED.get(folder) == state:
+    last = _SAVED.get(folder)
+    now = time.monotonic()
+    if not state or (last and (last[0] == state or now - last[1] < CHECKPOINT_EVERY_S)):
         return None
-    _SAVED[folder] = state
+    _SAVED[folder] = (state, now)
     (Path(folder) / EPOCH_FILE).write_text(json.dumps({"epoch": epoch}))
     return tune.Checkpoint.from_directory(folder)
 
@@ -175,7 +186,7 @@ def run_trial(config: dict[str, Any], job: TrialJob, data: Dataset) -> None:
     where = {DEVICE: device, NODE: node}
     last = ctx.start_epoch - 1
     try:
-        with closing(drive(epochs, job.max_epochs, ctx.start_epoch, job.metric)) as run:
+        with closing(drive(epochs, job.max_epochs, ctx.start_epoch, job.required)) as run:
             for epoch in run:
                 replicas = int(epoch.metrics.get("replicas", planned))  # what it really used
                 report = {

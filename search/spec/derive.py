@@ -27,7 +27,8 @@ def one_trial_spec(
     data["study"] = f"{spec.study}{suffix}"
     data["fixed"] = dict(fixed)
     data["space"] = {}
-    data["budget"] = {k: v for k, v in data["budget"].items() if k != "time_limit_s"}
+    limits = ("time_limit_s", "gpu_hours", "cpu_hours")  # a one-trial spec trains to its end
+    data["budget"] = {k: v for k, v in data["budget"].items() if k not in limits}
     data["budget"]["trials"] = 1
     data["asha"] = {**data["asha"], "enabled": False}
     data["sampler"] = {"name": "random", "seed": seed}

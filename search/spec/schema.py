@@ -34,6 +34,7 @@ from search.spec.space import Param, check_space, grid
 
 DEFAULT_STORAGE = "sqlite:///results/optuna.db"
 _FIELD_PREFIX = re.compile(r"^[A-Za-z_][\w.]*: ")
+_UNION_BRANCH = re.compile(r"^([A-Z]\w*|list\[\w+\])$")
 
 
 class _Strict(BaseModel):
@@ -85,10 +86,14 @@ class DataSpec(_Strict):
 
 
 class ObjectiveSpec(_Strict):
-    """The metric that the trainable reports and the search optimizes."""
+    """A metric that the trainable reports and the search optimizes."""
 
     metric: str = Field(min_length=1)
     mode: Literal["min", "max"]
+
+
+MAX_OBJECTIVES = 4
+"""The most objectives a study may have (non-dominated sorting loses its edge beyond)."""
 
 
 class BudgetSpec(_Strict):
@@ -97,6 +102,14 @@ class BudgetSpec(_Strict):
     trials: int = Field(32, ge=1)
     max_epochs: int = Field(27, ge=1)
     time_limit_s: float | None = Field(None, gt=0)
+    gpu_hours: float | None = Field(None, gt=0)
+    cpu_hours: float | None = Field(None, gt=0)
+
+    @model_validator(mode="after")
+    def _one_device_budget(self) -> BudgetSpec:
+        if self.gpu_hours is not None and self.cpu_hours is not None:
+            raise ValueError("budget.cpu_hours: give gpu_hours or cpu_hours, not both")
+        return self
 
 
 class AshaSpec(_Strict):
@@ -177,7 +190,7 @@ class StudySpec(_Strict):
     study: str = Field(min_length=1, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
     trainable: str
     data: DataSpec = DataSpec()
-    objective: ObjectiveSpec
+    objective: ObjectiveSpec | list[ObjectiveSpec]
     budget: BudgetSpec = BudgetSpec()
     asha: AshaSpec = AshaSpec()
     sampler: SamplerSpec = SamplerSpec()
@@ -198,9 +211,41 @@ class StudySpec(_Strict):
             raise ValueError(str(exc)) from None
         return value
 
+    @property
+    def objectives(self) -> tuple[ObjectiveSpec, ...]:
+        """Every objective, the primary one first (one for a single-objective study)."""
+        return tuple(self.objective) if isinstance(self.objective, list) else (self.objective,)
+
+    @property
+    def primary(self) -> ObjectiveSpec:
+        """The first objective: the one a single-metric view (the console's best, the
+        confirmation table, Tune's own ``metric``) ranks by."""
+        return self.objectives[0]
+
+    @property
+    def multi_objective(self) -> bool:
+        """Whether the study trades off several objectives (a Pareto front, MO-ASHA)."""
+        return len(self.objectives) > 1
+
+    @field_validator("objective")
+    @classmethod
+    def _objectives(
+        cls, value: ObjectiveSpec | list[ObjectiveSpec]
+    ) -> ObjectiveSpec | list[ObjectiveSpec]:
+        if not isinstance(value, list):
+            return value
+        if not 1 <= len(value) <= MAX_OBJECTIVES:
+            raise ValueError(f"expected 1 to {MAX_OBJECTIVES} objectives, got {len(value)}")
+        names = [o.metric for o in value]
+        if len(set(names)) < len(names):
+            raise ValueError(f"each metric at most once, got {', '.join(names)}")
+        return value[0] if len(value) == 1 else value
+
     @model_validator(mode="after")
     def _consistent(self) -> StudySpec:
         check_space(self.space, self.fixed)
+        if self.multi_objective and self.sampler.name == "cmaes":
+            raise ValueError("sampler.name: cmaes optimizes one objective; use tpe, random or grid")
         if self.sampler.name == "grid":
             grid(self.space)
         if self.asha.grace_period > self.budget.max_epochs:
@@ -225,8 +270,12 @@ class StudySpec(_Strict):
 
 def _error_line(exc: ValidationError) -> tuple[str, str]:
     """The first validation error as (field path, message)."""
-    err = exc.errors()[0]
-    loc = ".".join(str(part) for part in err["loc"])
+    errors = exc.errors()
+    # A union (objective: one or a list) reports each branch; the one of the input's shape
+    # says what is wrong inside it, the other only that the shape differs.
+    shape = ("model_type", "list_type", "dict_type")
+    err = next((e for e in errors if e["type"] not in shape), errors[0])
+    loc = ".".join(str(part) for part in err["loc"] if not _UNION_BRANCH.match(str(part)))
     msg = str(err["msg"]).removeprefix("Value error, ")
     # whole-spec and block checks name their field first
     if _FIELD_PREFIX.match(msg) and (not loc or msg.startswith(f"{loc}.")):

@@ -30,6 +30,7 @@ def curve(config: Mapping[str, Any], data: Dataset, ctx: TrialContext) -> Iterat
         stop_at: Epoch after which it stops on its own (early stopping).
         sleep: Seconds to wait after each epoch.
         save_every: Write the state only every this many epochs (1, 1 + n, ...).
+        latency: Yield it as ``latency_ms`` each epoch (a cost objective).
         trace_dir, wait_for, oom_below_share: see :func:`_traced` (placement tests).
     """
     if any(key in config for key in _TRACE_KEYS):
@@ -51,7 +52,8 @@ def curve(config: Mapping[str, Any], data: Dataset, ctx: TrialContext) -> Iterat
         every = int(config.get("save_every", 1))
         if ctx.checkpoint_dir is not None and (epoch - 1) % every == 0:
             (Path(ctx.checkpoint_dir) / "state.json").write_text(json.dumps({"epoch": epoch}))
-        yield {"val_accuracy": accuracy, "val_loss": loss}
+        costs = {"latency_ms": float(config["latency"])} if "latency" in config else {}
+        yield {"val_accuracy": accuracy, "val_loss": loss, **costs}
         if config.get("stop_at") == epoch:
             return
         time.sleep(float(config.get("sleep", 0.0)))

@@ -135,6 +135,29 @@ def _fit_each_epoch(
             return
 
 
+LATENCY_RUNS = 20
+"""Timed forward passes behind ``latency_ms`` (the median; 3 more warm up first)."""
+
+
+def model_costs(model: keras.Model, example: tf.Tensor) -> Metrics:
+    """What serving the model costs: ``latency_ms`` (the median forward pass at batch 1),
+    ``params`` and ``model_mb`` (its weights' bytes, in MiB). The twin of
+    :func:`trainables.torch.loop.model_costs`."""
+    x = example[:1]
+    times = []
+    for run in range(LATENCY_RUNS + 3):
+        start = time.perf_counter()
+        model(x, training=False)
+        if run >= 3:
+            times.append(time.perf_counter() - start)
+    sizes = [(int(np.prod(w.shape)), np.dtype(w.dtype).itemsize) for w in model.weights]
+    return {
+        "latency_ms": 1000.0 * sorted(times)[len(times) // 2],
+        "params": float(sum(n for n, _ in sizes)),
+        "model_mb": sum(n * size for n, size in sizes) / 2**20,
+    }
+
+
 # --- checkpoints (a retried trial continues after its last epoch) ----------------------------
 
 WEIGHTS_FILE = "model.weights.h5"
@@ -218,6 +241,9 @@ def fit_epochs(
     train_ds = pipeline(splits.train, cfg["batch_size"], ctx.num_threads, ctx.seed)
     val_ds = pipeline(splits.val, cfg["batch_size"], ctx.num_threads)
     replicas = float(strategy.num_replicas_in_sync)
+    example = next(iter(splits.val.batch(1)))[0]
+    costs: Metrics = {}  # measured once, after the first epoch (they depend on the config only)
     for metrics in _fit_each_epoch(model, train_ds, val_ds, ctx, stopping_callbacks(cfg)):
-        yield {**metrics, "replicas": replicas}
+        costs = costs or model_costs(model, example)
+        yield {**metrics, **costs, "replicas": replicas}
     return model, splits

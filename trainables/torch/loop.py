@@ -232,6 +232,36 @@ Fitted = tuple[torch.nn.Module, Tensors]
 """What :func:`fit_epochs` returns after its last epoch: the model and its data."""
 
 
+LATENCY_RUNS = 20
+"""Timed forward passes behind ``latency_ms`` (the median; 3 more warm up first)."""
+
+
+@torch.no_grad()
+def model_costs(model: torch.nn.Module, example: torch.Tensor, device: torch.device) -> Metrics:
+    """What serving the model costs: ``latency_ms`` (the median forward pass at batch 1 on
+    the trial's device), ``params`` and ``model_mb`` (its parameters' bytes, in MiB). The
+    twin of :func:`trainables.tf.loop.model_costs`; cost objectives of a multi-objective study.
+    """
+    was_training = model.training
+    model.eval()
+    x = example[:1].to(device)
+    times = []
+    for run in range(LATENCY_RUNS + 3):
+        start = time.perf_counter()
+        model(x)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        if run >= 3:
+            times.append(time.perf_counter() - start)
+    model.train(was_training)
+    params = list(_unwrapped(model).parameters())
+    return {
+        "latency_ms": 1000.0 * sorted(times)[len(times) // 2],
+        "params": float(sum(p.numel() for p in params)),
+        "model_mb": sum(p.numel() * p.element_size() for p in params) / 2**20,
+    }
+
+
 def step_scheduler(fit: Fitting, val_loss: float) -> None:
     """Steps an epoch-wise schedule at the end of an epoch (``plateau`` on ``val_loss``)."""
     if fit.when == "epoch":
@@ -285,6 +315,7 @@ def fit_epochs(
     x_val, y_val = tensors.x_val.to(device), tensors.y_val.to(device)
     max_steps = ctx.max_steps
     profiler = EpochProfiler(ctx, device)
+    costs: Metrics = {}  # measured once, after the first epoch (they depend on the config only)
     try:
         for epoch in range(first, ctx.max_epochs + 1):
             start, lr = time.perf_counter(), fit.optimizer.param_groups[0]["lr"]
@@ -299,8 +330,10 @@ def fit_epochs(
             stop = stopper.update(val_loss)  # before the checkpoint: it holds this epoch too
             if ctx.checkpoint_dir is not None:
                 save_state(fit, stopper, epoch, ctx.checkpoint_dir)
+            costs = costs or model_costs(model, x_val, device)
             yield {
                 **metrics,
+                **costs,
                 "val_loss": val_loss,
                 "val_accuracy": val_accuracy,
                 "lr": lr,
