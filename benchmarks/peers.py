@@ -42,6 +42,8 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:  # run as a script: benchmarks.* and search.* from this tree
+    sys.path.insert(0, str(REPO))
 OUT = REPO / "results" / "benchmarks"
 SPACE = REPO / "spaces" / "cnn.yaml"
 CONTENDERS = ("search", "optuna-sh", "ray-asha", "ray-tpe", "random")

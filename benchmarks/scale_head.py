@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
+import shutil
 import signal
 import socket
 import subprocess
@@ -63,6 +64,7 @@ class Head:
 
     def __init__(self, num_cpus: int = 64) -> None:
         self.port = _free_port()
+        self._temp = tempfile.mkdtemp(prefix="scale-ray-")
         self.address = f"127.0.0.1:{self.port}"
         self._log = tempfile.NamedTemporaryFile(  # noqa: SIM115  (open while the head runs)
             prefix="scale-head-", suffix=".log", delete=False
@@ -75,6 +77,10 @@ class Head:
             f"--port={self.port}",
             "--node-ip-address=127.0.0.1",
             f"--num-cpus={num_cpus}",
+            # Its own temp dir: ``ray start`` writes the cluster's address there, and a plain
+            # ``ray.init()`` anywhere on the machine joins the cluster that file names (other
+            # people's tests and runs would land on this head).
+            f"--temp-dir={self._temp}",
             "--include-dashboard=false",
             "--disable-usage-stats",
         ]
@@ -111,6 +117,7 @@ class Head:
                 self._proc.wait()
         with contextlib.suppress(ProcessLookupError):  # stragglers of the group, if any
             os.killpg(self._proc.pid, signal.SIGKILL)
+        shutil.rmtree(self._temp, ignore_errors=True)
         if os.environ.get("SCALE_TOKEN_PATH") == str(_TOKEN):
             _TOKEN.unlink(missing_ok=True)
 

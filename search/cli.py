@@ -186,7 +186,7 @@ def _report_after_run(study: str, storage: str, results: Path) -> None:
     from search.report.html import report_study
 
     try:
-        path = report_study(study, storage, results)
+        path = report_study(study, storage, results, pngs=False)  # `report` draws the PNGs
         publish_named(study, storage, results)  # the dashboard's note and trial artifacts
     except Exception as exc:  # the run itself succeeded; the report is a convenience
         typer.echo(f"warning: report not written: {one_line(str(exc))}", err=True)

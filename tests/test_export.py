@@ -80,7 +80,9 @@ def test_export_refuses_a_study_without_complete_trials(tmp_path: Path) -> None:
 def test_export_refuses_a_trainable_without_an_export_hook(tmp_path: Path) -> None:
     spec, _ = make_study(tmp_path, {0.5: TrialState.COMPLETE}, trainable="search.testing:instant")
     with pytest.raises(Exception, match=r"has no export hook: define export\(config"):
-        export_study("t", spec.storage, tmp_path / "out", log=lambda line: None)
+        export_study(
+            "t", spec.storage, tmp_path / "out", results_dir=tmp_path, log=lambda line: None
+        )
 
 
 # --- the pipeline, on the synthetic curve (milliseconds a run) -----------------------------------
@@ -98,7 +100,15 @@ def test_confirmation_is_recorded_apart_and_picks_the_best_mean(
     }
     spec, study = make_study(tmp_path, values, budget={"trials": 8, "max_epochs": 4})
     lines: list[str] = []
-    result = export_study("t", spec.storage, tmp_path / "out", top_k=2, seeds=2, log=lines.append)
+    result = export_study(
+        "t",
+        spec.storage,
+        tmp_path / "out",
+        results_dir=tmp_path,
+        top_k=2,
+        seeds=2,
+        log=lines.append,
+    )
     assert [r.source_trial for r in result.rows] == [0, 2]  # top 2 of 3 COMPLETE, best first
     assert result.chosen.source_trial == 0
     expected = 0.9 * (1 - 0.5**4)
@@ -141,7 +151,13 @@ def test_config_yaml_round_trips_through_the_spec_validator(
         budget={"trials": 8, "max_epochs": 3},
     )
     result = export_study(
-        "t", spec.storage, tmp_path / "out", top_k=1, seeds=1, log=lambda line: None
+        "t",
+        spec.storage,
+        tmp_path / "out",
+        results_dir=tmp_path,
+        top_k=1,
+        seeds=1,
+        log=lambda line: None,
     )
     loaded = load_spec(tmp_path / "out" / "config.yaml")
     assert parse_spec(loaded.to_dict()) == loaded  # validated, and stable when re-dumped
@@ -217,7 +233,9 @@ def test_torch_study_exports_a_bundle_that_train_and_onnx_reproduce(
         param="lr",
     )
     bundle = tmp_path / "bundle"
-    result = export_study("cnn", spec.storage, bundle, top_k=2, seeds=1, log=lambda line: None)
+    result = export_study(
+        "cnn", spec.storage, bundle, results_dir=tmp_path, top_k=2, seeds=1, log=lambda line: None
+    )
     names = {p.name for p in bundle.iterdir()}
     assert {
         "model.safetensors",
@@ -275,7 +293,9 @@ def test_tf_study_exports_a_keras_file_that_reloads_with_the_same_accuracy(
         param="lr",
     )
     bundle = tmp_path / "bundle"
-    result = export_study("tfcnn", spec.storage, bundle, top_k=1, seeds=1, log=lambda line: None)
+    result = export_study(
+        "tfcnn", spec.storage, bundle, results_dir=tmp_path, top_k=1, seeds=1, log=lambda line: None
+    )
     assert (bundle / "model.keras").exists() and (bundle / "saved_model").is_dir()
 
     import keras

@@ -11,6 +11,7 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
+from search.handover.pareto import export_pareto
 from search.record.queries import EPOCHS_FILE, pareto_trials, trials_frame
 from search.record.study import load_study
 from search.report.html import write_report
@@ -131,3 +132,14 @@ def test_the_tradeoff_space_finds_a_front_of_accuracy_and_latency(
     by_latency = sorted(front, key=lambda t: t.values[1])
     accuracies = [t.values[0] for t in by_latency]
     assert accuracies == sorted(accuracies)  # a front: slower points must be more accurate
+
+    # The Pareto export confirms every point (a fresh seed each) and bundles each one.
+    result = export_pareto(
+        spec.study, spec.storage, tmp_path / "pareto", seeds=1, results_dir=tmp_path / "results"
+    )
+    assert sorted(p.trial for p in result.points) == sorted(t.number for t in front)
+    for point in result.points:
+        assert point.bundle is not None
+        assert (point.bundle.out_dir / "model.onnx").exists()
+        assert point.confirmed["latency_ms"]["mean"] > 0
+    assert (tmp_path / "pareto" / "pareto.png").exists()

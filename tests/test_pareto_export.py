@@ -27,6 +27,7 @@ from search.handover.pick import pick_trial
 from search.handover.train import ExportError
 from search.record.queries import pareto_trials
 from search.record.study import CONFIRM_SUFFIX, load_study, open_study, record_spec
+from search.report.artifacts import attached
 from search.run.runner import RunOptions, run_study
 from search.spec.schema import parse_spec
 from tests.conftest import base_spec
@@ -106,7 +107,9 @@ def test_pareto_writes_a_bundle_per_point_and_an_index(
     spec, study = searched
     front = {t.number: t for t in pareto_trials(study)}
     lines: list[str] = []
-    result = export_pareto("mo", spec.storage, tmp_path / "p", seeds=2, log=lines.append)
+    result = export_pareto(
+        "mo", spec.storage, tmp_path / "p", seeds=2, results_dir=tmp_path, log=lines.append
+    )
     assert sorted(p.trial for p in result.points) == sorted(front)
     for number, trial in front.items():
         folder = tmp_path / "p" / f"trial-{number}"
@@ -137,6 +140,8 @@ def test_pareto_writes_a_bundle_per_point_and_an_index(
     assert "| trial | val_accuracy (max) | latency_ms (min) |" in index
     assert all(f"[trial-{n}/](trial-{n}/MODEL_CARD.md)" in index for n in front)
     assert (tmp_path / "p" / "pareto.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    cards = attached(study)  # each point's card beside its trial, for optuna-dashboard
+    assert all("MODEL_CARD.md" in cards[t._trial_id] for t in front.values())
     confirm = optuna.load_study(study_name="mo" + CONFIRM_SUFFIX, storage=spec.storage)
     assert len(confirm.trials) >= 2 * len(front)
     assert any(line.startswith(f"confirm {2 * len(front):>2}/") for line in lines)
@@ -234,7 +239,13 @@ def test_pick_exports_the_chosen_point_as_a_plain_export(
     expected = max(fits, key=lambda t: t.values[0]).number
     lines: list[str] = []
     result = export_study(
-        "mo", spec.storage, tmp_path / "e", seeds=1, pick=f"latency_ms<{slowest}", log=lines.append
+        "mo",
+        spec.storage,
+        tmp_path / "e",
+        seeds=1,
+        results_dir=tmp_path,
+        pick=f"latency_ms<{slowest}",
+        log=lines.append,
     )
     assert result.chosen.source_trial == expected and len(result.rows) == 1
     assert lines[0].startswith(f"--pick 'latency_ms<{slowest}': trial {expected} (")
@@ -242,6 +253,9 @@ def test_pick_exports_the_chosen_point_as_a_plain_export(
     assert saved["chosen"]["source_trial"] == expected
     assert saved["objectives"] == TWO
     assert {p.name for p in (tmp_path / "e").iterdir()} >= BUNDLE
+    card = attached(study)[study.trials[expected]._trial_id]["MODEL_CARD.md"]
+    stored = tmp_path / "mo" / "artifacts" / card
+    assert stored.read_text() == (tmp_path / "e" / "MODEL_CARD.md").read_text()
 
 
 @pytest.mark.ray
@@ -251,7 +265,9 @@ def test_plain_export_of_a_multi_objective_study_takes_the_fronts_best_and_says_
     spec, study = searched
     best = max(pareto_trials(study), key=lambda t: t.values[0]).number
     lines: list[str] = []
-    result = export_study("mo", spec.storage, tmp_path / "e", top_k=1, seeds=1, log=lines.append)
+    result = export_study(
+        "mo", spec.storage, tmp_path / "e", top_k=1, seeds=1, results_dir=tmp_path, log=lines.append
+    )
     assert result.chosen.source_trial == best
     assert lines[0] == (
         "study 'mo' has 2 objectives (val_accuracy, latency_ms): exporting the Pareto front's "

@@ -268,7 +268,8 @@ def test_same_seed_gives_identical_metrics(few_digits):
 
     def metrics(seed: int) -> list[dict[str, float]]:
         rows = run(torch_cnn.train, config, few_digits, seed=seed)
-        return [{k: v for k, v in r.items() if k != "epoch_time_s"} for r in rows]
+        timings = ("epoch_time_s", "latency_ms")  # measured durations differ run to run
+        return [{k: v for k, v in r.items() if k not in timings} for r in rows]
 
     assert metrics(7) == metrics(7)
     assert metrics(7) != metrics(8)
@@ -331,3 +332,12 @@ def test_a_checkpoint_holds_early_stopping_updated_with_its_own_epoch(tmp_path, 
     )
     assert len(whole) == 3  # best at epoch 1, two epochs without improvement
     assert len(resumed) == 1  # epoch 3 only, as in the uninterrupted trial
+
+
+def test_cost_metrics_are_yielded_with_every_epoch(few_digits):
+    rows = run(torch_cnn.train, SMALL_CNN, few_digits, epochs=2)
+    model = torch_cnn.build_model({**torch_cnn.DEFAULTS, **SMALL_CNN}, to_tensors(few_digits))
+    params = sum(p.numel() for p in model.parameters())
+    for row in rows:  # measured once, after the first epoch: the same in every epoch
+        assert row["params"] == params and row["model_mb"] == params * 4 / 2**20
+        assert 0 < row["latency_ms"] == rows[0]["latency_ms"]

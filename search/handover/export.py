@@ -56,6 +56,7 @@ from search.handover.confirm import (
 from search.handover.pick import parse_constraints, pick_trial
 from search.handover.train import ExportError, Log, no_hook
 from search.record.study import load_study
+from search.report.artifacts import attach_file
 from search.run.cluster import init_ray
 from search.run.data import load_data
 from search.run.placement import resolve
@@ -171,6 +172,9 @@ def export_study(
     result = write_bundle(session, rows[0], rows, runs, out)
     if pick:
         _check_pick(session, rows[0], runs, pick)
+    # The winner's card, beside its trial in optuna-dashboard's artifact tab.
+    winner = study.trials[rows[0].source_trial]
+    attach_file(study, out / "MODEL_CARD.md", winner, results_dir)
     return result
 
 

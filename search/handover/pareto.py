@@ -35,6 +35,7 @@ from search.handover.export import confirm_candidates, open_session
 from search.handover.pareto_index import ParetoPoint, write_index
 from search.handover.train import ExportError, Log
 from search.record.study import load_study
+from search.report.artifacts import attach_file
 
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
@@ -96,6 +97,10 @@ def export_pareto(
     searched = {n: dict(zip(names, v, strict=True)) for n, v in values.items() if v}
     points = [_export_point(session, row, runs, out, searched[row.source_trial]) for row in rows]
     files = write_index(out, session, points)
+    for point in points:  # each point's card beside its trial in optuna-dashboard
+        if point.bundle is not None:
+            trial = study.trials[point.row.source_trial]
+            attach_file(study, point.bundle.out_dir / "MODEL_CARD.md", trial, results_dir)
     seconds = time.monotonic() - start
     done = sum(p.bundle is not None for p in points)
     log(

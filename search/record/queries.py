@@ -111,6 +111,47 @@ def append_epochs(path: Path, number: int, metrics: Mapping[int, Mapping[str, fl
                 writer.writerow([number, epoch, name, repr(value)])
 
 
+def read_epochs(path: Path) -> dict[int, dict[str, dict[int, float]]]:
+    """The table :func:`append_epochs` writes, as trial -> metric -> epoch -> value (empty
+    when there is none; rows that are not numbers are left out).
+
+    Example:
+        >>> import tempfile
+        >>> path = Path(tempfile.mkdtemp()) / EPOCHS_FILE
+        >>> append_epochs(path, 3, {1: {"acc": 0.5}, 2: {"acc": 0.7, "latency_ms": 2.0}})
+        >>> read_epochs(path)
+        {3: {'acc': {1: 0.5, 2: 0.7}, 'latency_ms': {2: 2.0}}}
+    """
+    table: dict[int, dict[str, dict[int, float]]] = {}
+    if not path.is_file():
+        return table
+    with path.open(newline="") as f:
+        for row in csv.DictReader(f):
+            try:
+                trial, epoch, value = int(row["trial"]), int(row["epoch"]), float(row["value"])
+            except (TypeError, ValueError):
+                continue
+            table.setdefault(trial, {}).setdefault(row["metric"], {})[epoch] = value
+    return table
+
+
+def objective_curves(
+    table: Mapping[int, Mapping[str, Mapping[int, float]]], metrics: list[str]
+) -> list[dict[int, tuple[float, ...]]]:
+    """Each trial's objective vectors by epoch (epochs with every one of ``metrics``), for
+    MO-ASHA's rungs on a resume.
+
+    Example:
+        >>> objective_curves({0: {"a": {1: 0.5, 2: 0.6}, "b": {1: 3.0}}}, ["a", "b"])
+        [{1: (0.5, 3.0)}]
+    """
+    curves = []
+    for metrics_of in table.values():
+        epochs = set.intersection(*(set(metrics_of.get(m, {})) for m in metrics))
+        curves.append({e: tuple(metrics_of[m][e] for m in metrics) for e in sorted(epochs)})
+    return curves
+
+
 def write_results(study: optuna.Study, spec: StudySpec, results_dir: Path) -> Path:
     """Writes ``trials.csv`` (and ``best.yaml`` when a trial completed); returns the folder."""
     out = results_dir / spec.study

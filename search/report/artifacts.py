@@ -27,7 +27,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from search.record.queries import EPOCHS_FILE
+from search.record.queries import EPOCHS_FILE, read_epochs
 
 if TYPE_CHECKING:
     import optuna
@@ -73,16 +73,7 @@ def _add(names: dict[str, str], raw: Any) -> None:
 def read_curves(table: Path) -> dict[int, Curves]:
     """Every trial's metrics from ``epochs.csv`` (``trial,epoch,metric,value`` rows); empty
     when there is no table. Values that are not numbers are left out."""
-    curves: dict[int, dict[str, dict[int, float]]] = defaultdict(lambda: defaultdict(dict))
-    if not table.is_file():
-        return {}
-    with table.open(newline="") as f:
-        for row in csv.DictReader(f):
-            try:
-                value = float(row["value"])
-                curves[int(row["trial"])][row["metric"]][int(row["epoch"])] = value
-            except (TypeError, ValueError):
-                continue
+    curves = read_epochs(table)
     return {
         number: {name: sorted(points.items()) for name, points in metrics.items()}
         for number, metrics in curves.items()
@@ -161,11 +152,18 @@ def write_table(curves: Curves, path: Path) -> None:
             writer.writerow([epoch, *(repr(by_epoch[epoch].get(n, "")) for n in names)])
 
 
-def publish_artifacts(study: optuna.Study, results_dir: Path) -> int:
+ARTIFACT_LIMIT = 300
+"""The most trials that get artifacts: every COMPLETE one first (by number), then the latest
+others. Drawing costs about 0.1 s a trial, so 10,000 trials would take a quarter of an hour
+(and optuna-dashboard itself does not go beyond 10,000 trials)."""
+
+
+def publish_artifacts(study: optuna.Study, results_dir: Path, limit: int = ARTIFACT_LIMIT) -> int:
     """Gives each finished trial that trained its learning-curve PNG and metrics CSV.
 
     Args:
-        study: The study; COMPLETE, PRUNED and FAIL trials with at least one epoch count.
+        study: The study; COMPLETE, PRUNED and FAIL trials with at least one epoch count,
+            at most ``limit`` of them (:data:`ARTIFACT_LIMIT`).
         results_dir: The results folder; reads ``<study>/epochs.csv``, writes
             ``<study>/artifacts``.
 
@@ -179,9 +177,13 @@ def publish_artifacts(study: optuna.Study, results_dir: Path) -> int:
     finished = (TrialState.COMPLETE, TrialState.PRUNED, TrialState.FAIL)
     folder = store_path(results_dir, study.study_name)
     have = attached(study)
+    done = study.get_trials(deepcopy=False, states=finished)
+    complete = [t for t in done if t.state == TrialState.COMPLETE]
+    others = [t for t in done if t.state != TrialState.COMPLETE]
+    chosen = (complete + others[::-1])[:limit]
     todo = [
         (t, lacking)
-        for t in study.get_trials(deepcopy=False, states=finished)
+        for t in sorted(chosen, key=lambda t: t.number)
         if (lacking := _lacking(t, have.get(t._trial_id, {}), folder))
     ]
     return _publish(study, todo, have, folder) if todo else 0

@@ -65,6 +65,10 @@ def print_summary(console: Console, study: optuna.Study, summary: RunSummary, fo
     console.print(f"results in {folder}/ (trials.csv, best.yaml)")
 
 
+TABLE_LIMIT = 500
+"""Above this many trials ``trials`` prints plain aligned text instead of a rich table."""
+
+
 class UnknownMetricError(SearchError):
     """``trials --metrics`` names a metric no trial yielded."""
 
@@ -88,8 +92,14 @@ def print_trials(console: Console, study: optuna.Study, metrics: Sequence[str] =
         )
     hidden = {"ray_trial_id", "traceback"} | {f"metric_{m}" for m in known if m not in wanted}
     columns = [c for c in frame.columns if c not in hidden]
-    for column in columns:
-        table.add_column(column.removeprefix("param_").removeprefix("metric_"), overflow="fold")
+    names = [c.removeprefix("param_").removeprefix("metric_") for c in columns]
+    if len(frame) > TABLE_LIMIT:  # rich lays out every cell: a minute at 10,000 rows
+        shown = frame[columns].map(_fmt).set_axis(names, axis=1)
+        console.print(table.title, markup=False)
+        console.out(shown.to_string(index=False), highlight=False)
+        return
+    for name in names:
+        table.add_column(name, overflow="fold")
     for row in frame[columns].itertuples(index=False):
         table.add_row(*(_fmt(v) for v in row))
     console.print(table)

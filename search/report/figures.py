@@ -15,8 +15,9 @@ replaced by a one-line note in both.
 
 from __future__ import annotations
 
+import contextlib
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -57,6 +58,55 @@ COMPLETE_COLORS = (
 """Colors of COMPLETE curves: no red (failed) and no grey (pruned)."""
 
 
+CURVE_LIMIT = 200
+"""The most trials a learning-curve figure draws (a thousand lines show nothing and take
+seconds each to draw): every COMPLETE and FAIL one up to half of it, the best first, then
+others drawn at random (seeded), and the title says so."""
+
+
+@contextlib.contextmanager
+def uncopied(study: optuna.Study) -> Iterator[optuna.Study]:
+    """``study``, whose trials optuna's figures get without a deep copy while this lasts: they
+    only read them, and at ten thousand trials the copies cost more than the drawing."""
+    storage = study._storage
+    original = storage.get_all_trials
+
+    def get_all_trials(study_id: int, deepcopy: bool = True, states: Any = None) -> Any:
+        return original(study_id, deepcopy=False, states=states)
+
+    storage.get_all_trials = get_all_trials  # type: ignore[method-assign]
+    try:
+        yield study
+    finally:
+        del storage.get_all_trials  # the class's method again
+
+
+def curve_trials(study: optuna.Study, limit: int = CURVE_LIMIT) -> tuple[set[int], str]:
+    """The numbers of the trials a learning-curve figure draws, and a note when not all."""
+    import random
+
+    trials = study.get_trials(deepcopy=False)
+    if len(trials) <= limit:
+        return {t.number for t in trials}, ""
+    sign = -1.0 if study.directions[0].name == "MAXIMIZE" else 1.0
+    done = [t for t in trials if t.state.name in ("COMPLETE", "FAIL")]
+    done.sort(key=lambda t: (t.values is None, sign * (t.values or [0.0])[0], t.number))
+    kept = {t.number for t in done[: limit // 2]}
+    others = sorted(t.number for t in trials if t.number not in kept)
+    kept |= set(random.Random(0).sample(others, limit - len(kept)))
+    return kept, f" ({limit} of {len(trials)} trials: the best finished, the rest at random)"
+
+
+def _subset(study: optuna.Study, numbers: set[int]) -> optuna.Study:
+    import optuna
+
+    part = optuna.create_study(study_name=study.study_name, directions=study.directions)
+    part.add_trials([t for t in study.get_trials(deepcopy=False) if t.number in numbers])
+    for key, value in study.user_attrs.items():
+        part.set_user_attr(key, value)
+    return part
+
+
 def spec_of(study: optuna.Study) -> dict[str, Any]:
     """The spec stored on the study (``{}`` when it has none)."""
     spec = study.user_attrs.get("spec")
@@ -81,6 +131,8 @@ def learning_curves(study: optuna.Study) -> go.Figure:
     import plotly.graph_objects as go
     from optuna.visualization import plot_intermediate_values
 
+    numbers, note = curve_trials(study)
+    study = _subset(study, numbers) if note else study
     fig = plot_intermediate_values(study)
     trials = {t.number: t for t in study.get_trials(deepcopy=False)}
     complete = 0
@@ -143,7 +195,7 @@ def learning_curves(study: optuna.Study) -> go.Figure:
         xaxis_title="epoch",
         yaxis_title=metric,
         showlegend=True,
-        title="Learning curves: complete solid, pruned grey dotted, failed red",
+        title="Learning curves: complete solid, pruned grey dotted, failed red" + note,
     )
     return fig
 
@@ -161,10 +213,20 @@ def plotly_figures(study: optuna.Study) -> dict[str, Any]:
         "param-importances": lambda: vis.plot_param_importances(study, **on),
         "parallel-coordinate": lambda: vis.plot_parallel_coordinate(study, **on),
         "slice": lambda: slice_rows(study),
-        "timeline": lambda: vis.plot_timeline(study),
+        "timeline": lambda: vis.plot_timeline(latest(study)),
         **({"pareto-front": lambda: vis.plot_pareto_front(study)} if on else {}),
     }
     return {name: _attempt(make) for name, make in makers.items()}
+
+
+TIMELINE_LIMIT = 1000
+"""The timeline shows the latest this many trials (a bar each)."""
+
+
+def latest(study: optuna.Study, limit: int = TIMELINE_LIMIT) -> optuna.Study:
+    """``study``, or a copy of its latest ``limit`` trials when it has more."""
+    trials = study.get_trials(deepcopy=False)
+    return study if len(trials) <= limit else _subset(study, {t.number for t in trials[-limit:]})
 
 
 def primary_target(study: optuna.Study) -> dict[str, Any]:
@@ -209,6 +271,8 @@ def _attempt(make: Callable[[], Any]) -> Any:
 def _png_learning_curves(study: optuna.Study) -> Any:
     from optuna.visualization.matplotlib import plot_intermediate_values
 
+    numbers, note = curve_trials(study)
+    study = _subset(study, numbers) if note else study
     ax = plot_intermediate_values(study)
     states = {t.number: t.state.name for t in study.get_trials(deepcopy=False)}
     for line in ax.get_lines():
@@ -236,8 +300,8 @@ def _png_learning_curves(study: optuna.Study) -> Any:
         ax.axvline(m, color="black", alpha=0.2, linestyle=":")
     ax.set_xlabel("epoch")
     ax.set_ylabel(spec_of(study).get("objective", {}).get("metric", "value"))
-    ax.set_title("Learning curves: complete solid, pruned grey dotted, failed red")
-    if len(ax.get_lines()) > 1:
+    ax.set_title("Learning curves: complete solid, pruned grey dotted, failed red" + note)
+    if 1 < len(ax.get_lines()) <= LEGEND_LIMIT:
         ax.legend(
             bbox_to_anchor=(1.02, 1),
             loc="upper left",
@@ -245,6 +309,10 @@ def _png_learning_curves(study: optuna.Study) -> Any:
             ncol=1 + len(ax.get_lines()) // 30,
         )
     return ax
+
+
+LEGEND_LIMIT = 40
+"""Above this many lines a PNG has no legend (it would cover the figure and take seconds)."""
 
 
 def write_pngs(study: optuna.Study, folder: Path) -> dict[str, Path | str]:
@@ -263,7 +331,7 @@ def write_pngs(study: optuna.Study, folder: Path) -> dict[str, Path | str]:
         "param-importances": lambda: vis.plot_param_importances(study, **on),
         "parallel-coordinate": lambda: vis.plot_parallel_coordinate(study, **on),
         "slice": lambda: vis.plot_slice(study, **on),
-        "timeline": lambda: vis.plot_timeline(study),
+        "timeline": lambda: vis.plot_timeline(latest(study)),
         **({"pareto-front": lambda: vis.plot_pareto_front(study)} if on else {}),
     }
     folder.mkdir(parents=True, exist_ok=True)
@@ -285,15 +353,18 @@ def write_pngs(study: optuna.Study, folder: Path) -> dict[str, Path | str]:
     return written
 
 
-def metric_curves(table: Path) -> list[Any] | str:
+def metric_curves(table: Path, trials: set[int] | None = None) -> list[Any] | str:
     """One figure per metric of ``epochs.csv`` (:data:`search.record.queries.EPOCHS_FILE`):
-    each trial's curve of that metric, so any metric the trainable yields can be read."""
+    each trial's curve of that metric (of ``trials`` only, when given), so any metric the
+    trainable yields can be read."""
     import pandas as pd
     import plotly.graph_objects as go
 
     if not table.is_file():
         return "no per-epoch table (epochs.csv) beside the report"
     frame = pd.read_csv(table)
+    if trials is not None:
+        frame = frame[frame["trial"].isin(trials)]
     figures = []
     for metric, rows in frame.groupby("metric", sort=True):
         fig = go.Figure()

@@ -22,7 +22,15 @@ from typing import TYPE_CHECKING, Any
 from search.record.queries import EPOCHS_FILE, best_trial, objective_names, pareto_trials
 from search.record.storage import open_storage
 from search.record.study import CONFIRM_SUFFIX, load_study
-from search.report.figures import FIGURES, metric_curves, plotly_figures, spec_of, write_pngs
+from search.report.figures import (
+    FIGURES,
+    curve_trials,
+    metric_curves,
+    plotly_figures,
+    spec_of,
+    uncopied,
+    write_pngs,
+)
 
 if TYPE_CHECKING:
     import optuna
@@ -45,6 +53,8 @@ class Summary:
     wall_seconds: float
     best_value: float | None
     best_trial: int | None
+    device_budget: tuple[str, float, float] | None = None
+    """``(unit, devices a trial holds, budget hours)`` when the spec has a device budget."""
 
     @property
     def saved_share(self) -> float:
@@ -83,6 +93,15 @@ class Summary:
                 f"≈ {self.seconds_saved:.1f} s at each pruned trial's own pace",
             ),
         ]
+        if self.device_budget is not None:
+            unit, devices, hours = self.device_budget
+            spent, saved = (devices * s / 3600 for s in (self.seconds_spent, self.seconds_saved))
+            rows.append(
+                (
+                    f"{unit} time",
+                    f"{spent:.4g} h spent of a {hours:.4g} h budget; ASHA saved ≈ {saved:.4g} h",
+                )
+            )
         return rows
 
 
@@ -131,7 +150,21 @@ def summarize(study: optuna.Study) -> Summary:
         wall_seconds=wall,
         best_value=best.value if best else None,
         best_trial=best.number if best else None,
+        device_budget=_device_budget(spec_of(study)),
     )
+
+
+def _device_budget(spec: dict[str, Any]) -> tuple[str, float, float] | None:
+    """``(unit, devices a trial holds, hours)`` of the stored spec's ``gpu_hours`` or
+    ``cpu_hours`` (``None`` without one, or when ``gpus_per_trial`` is ``auto``)."""
+    budget, resources = spec.get("budget", {}), spec.get("resources", {})
+    if budget.get("gpu_hours"):
+        gpus = resources.get("gpus_per_trial")
+        return ("GPU", float(gpus), float(budget["gpu_hours"])) if gpus != "auto" else None
+    if budget.get("cpu_hours"):
+        cpus = float(resources.get("cpus_per_trial") or 1.0)
+        return ("CPU", cpus, float(budget["cpu_hours"]))
+    return None
 
 
 # --- the page --------------------------------------------------------------------------------
@@ -269,30 +302,40 @@ def render(
 
 
 def write_report(
-    study: optuna.Study, results_dir: Path = Path("results"), confirm: optuna.Study | None = None
+    study: optuna.Study,
+    results_dir: Path = Path("results"),
+    confirm: optuna.Study | None = None,
+    pngs: bool = True,
 ) -> Path:
-    """Writes ``results_dir/<study>/report.html`` and ``figures/*.png``; returns the HTML path."""
+    """Writes ``results_dir/<study>/report.html`` and (with ``pngs``) ``figures/*.png``;
+    returns the HTML path."""
     folder = Path(results_dir) / study.study_name
     folder.mkdir(parents=True, exist_ok=True)
-    figures = {**plotly_figures(study), "metrics": metric_curves(folder / EPOCHS_FILE)}
-    page = render(study, figures, confirm)
-    path = folder / "report.html"
-    path.write_text(page, encoding="utf-8")
-    write_pngs(study, folder / "figures")
+    with uncopied(study):
+        shown, _ = curve_trials(study)
+        figures = {**plotly_figures(study), "metrics": metric_curves(folder / EPOCHS_FILE, shown)}
+        page = render(study, figures, confirm)
+        path = folder / "report.html"
+        path.write_text(page, encoding="utf-8")
+        if pngs:
+            write_pngs(study, folder / "figures")
     return path
 
 
-def report_study(study_name: str, storage: str, results_dir: Path = Path("results")) -> Path:
-    """The ``report`` command: loads the study (and ``<study>-confirm`` if there is one)."""
+def report_study(
+    study_name: str, storage: str, results_dir: Path = Path("results"), pngs: bool = True
+) -> Path:
+    """The ``report`` command: loads the study (and ``<study>-confirm`` if there is one).
+    ``run`` leaves the PNGs out (its exit waits for the report; ``report`` draws them)."""
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study = load_study(study_name, storage)
-    names = {s.study_name for s in optuna.get_all_study_summaries(open_storage(storage))}
+    names = set(optuna.get_all_study_names(open_storage(storage)))
     confirm_name = study_name + CONFIRM_SUFFIX
     confirm = (
         optuna.load_study(study_name=confirm_name, storage=open_storage(storage))
         if confirm_name in names
         else None
     )
-    return write_report(study, results_dir, confirm)
+    return write_report(study, results_dir, confirm, pngs)

@@ -13,7 +13,7 @@ import logging
 import sys
 import time
 from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -22,7 +22,7 @@ from ray.tune.stopper import CombinedStopper
 
 from search.contract import declarations
 from search.record.lease import StudyLease, new_run_id
-from search.record.queries import EPOCHS_FILE, append_epochs
+from search.record.queries import EPOCHS_FILE, append_epochs, objective_curves, read_epochs
 from search.record.resume import earlier_curves, recover
 from search.record.samplers import grid_size
 from search.record.storage import redact
@@ -34,6 +34,7 @@ from search.run.cluster import init_ray
 from search.run.data import load_data
 from search.run.gpu_memory import OOM_RETRIES, OomRetry, measure
 from search.run.job import trial_extras, trial_job
+from search.run.moasha import MultiObjectiveASHA
 from search.run.placement import Placement, resolve
 from search.run.progress import ProgressCallback
 from search.run.scheduler import PruneReportingASHA, build_scheduler
@@ -132,13 +133,15 @@ def run_study(spec: StudySpec, options: RunOptions = RunOptions()) -> RunSummary
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     start = time.monotonic()
-    study, lease = _open_while_ray_starts(spec, options)
+    study, lease, data = _open_while_ray_starts(spec, options)
     try:
         record_spec(study, spec)
         recovery = recover(study)
         budget = min(spec.budget.trials, grid_size(spec) or spec.budget.trials) - recovery.counted
         finished, stopped, hours = (
-            _fit(spec, options, study, lease.run_id, budget) if budget > 0 else ({}, None, None)
+            _fit(spec, options, study, lease.run_id, budget, data.result())
+            if budget > 0
+            else ({}, None, None)
         )
     finally:
         lease.release()
@@ -162,23 +165,37 @@ def _open(spec: StudySpec, options: RunOptions) -> tuple[optuna.Study, StudyLeas
     return study, lease
 
 
-def _open_while_ray_starts(spec: StudySpec, options: RunOptions) -> tuple[optuna.Study, StudyLease]:
-    """:func:`_open` in a thread while this one starts Ray (or joins the cluster): the two
-    take seconds each (taking the lease alone waits a second), and neither needs the other.
-    Ray starts in the main thread, where it sets its SIGTERM handler."""
-    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="search-open") as pool:
+def _open_while_ray_starts(
+    spec: StudySpec, options: RunOptions
+) -> tuple[optuna.Study, StudyLease, Future[Dataset]]:
+    """:func:`_open` and the data's loading in threads while this one starts Ray (or joins
+    the cluster): each takes seconds (the lease alone waits a second, the digits import
+    scikit-learn), and none needs another. Ray starts in the main thread, where it sets its
+    SIGTERM handler. The data comes as a future: a loader's error surfaces in :func:`_fit`,
+    once the lease is held (and released however the run ends)."""
+    pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="search-start")
+    try:
         opening = pool.submit(_open, spec, options)
+        data = pool.submit(load_data, spec.data)
         try:
             init_ray(options.address)
         except BaseException:
             with contextlib.suppress(Exception):
                 opening.result()[1].release()
             raise
-        return opening.result()
+        study, lease = opening.result()
+        return study, lease, data
+    finally:
+        pool.shutdown(wait=False)
 
 
 def _fit(
-    spec: StudySpec, options: RunOptions, study: optuna.Study, run_id: str, budget: int
+    spec: StudySpec,
+    options: RunOptions,
+    study: optuna.Study,
+    run_id: str,
+    budget: int,
+    data: Dataset,
 ) -> tuple[dict[int, str], str | None, tuple[float, float, str] | None]:
     """Runs ``budget`` trials through Ray Tune; returns each one's number and final state, why
     the run stopped early (``None`` when it did not), and the device-hours spent against the
@@ -192,7 +209,6 @@ def _fit(
     study = optuna.Study(study_name=spec.study, storage=storage, sampler=study.sampler)
     if options.verbose == 0:  # trial errors reach the study and the console as one line each
         logging.getLogger("ray.tune").setLevel(logging.CRITICAL)
-    data = load_data(spec.data)
     placement = place(spec, data)
     if options.progress and placement.note:
         print(placement.note, file=sys.stderr)
@@ -263,6 +279,9 @@ def _tuner(
     scheduler = build_scheduler(spec, bridge.mark_pruned)
     if isinstance(scheduler, PruneReportingASHA):
         scheduler.restore_rungs(earlier_curves(bridge.study))
+    elif isinstance(scheduler, MultiObjectiveASHA):  # no intermediate values: the epochs table
+        table = read_epochs(options.results_dir / spec.study / EPOCHS_FILE)
+        scheduler.restore_rungs(objective_curves(table, [o.metric for o in spec.objectives]))
     packed = 0 < placement.gpus_per_trial < 1  # an out-of-memory trial retries with more GPU
     max_failures = max(spec.faults.max_failures, OOM_RETRIES if packed else 0)
     job = trial_job(spec, data, placement)
