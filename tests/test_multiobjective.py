@@ -98,6 +98,7 @@ def test_the_report_shows_the_front_and_plots_the_first_objective(tradeoff: tupl
     assert f"Pareto front ({len(pareto_trials(study))} trials)" in page
     for name in ("pareto-front", "optimization-history", "slice", "metrics"):
         assert f'id="{name}"' in page, name  # drawn, not "not drawn: ..."
+    assert "several objectives has no intermediate values" in page  # said, not an empty plot
 
 
 def test_a_trial_without_the_second_objective_fails_with_its_name(

@@ -209,7 +209,7 @@ def plotly_figures(study: optuna.Study) -> dict[str, Any]:
     on = primary_target(study)
     makers: dict[str, Callable[[], go.Figure]] = {
         "optimization-history": lambda: vis.plot_optimization_history(study, **on),
-        "intermediate-values": lambda: learning_curves(study),
+        "intermediate-values": (lambda: MO_CURVES) if on else (lambda: learning_curves(study)),
         "param-importances": lambda: vis.plot_param_importances(study, **on),
         "parallel-coordinate": lambda: vis.plot_parallel_coordinate(study, **on),
         "slice": lambda: slice_rows(study),
@@ -218,6 +218,12 @@ def plotly_figures(study: optuna.Study) -> dict[str, Any]:
     }
     return {name: _attempt(make) for name, make in makers.items()}
 
+
+MO_CURVES = (
+    "not drawn: a study of several objectives has no intermediate values (Optuna refuses "
+    "them); every metric's curve is in the per-metric figures below"
+)
+"""What the learning-curve figure says for a multi-objective study."""
 
 TIMELINE_LIMIT = 1000
 """The timeline shows the latest this many trials (a bar each)."""
@@ -327,7 +333,7 @@ def write_pngs(study: optuna.Study, folder: Path) -> dict[str, Path | str]:
     on = primary_target(study)
     makers: dict[str, Callable[[], Any]] = {
         "optimization-history": lambda: vis.plot_optimization_history(study, **on),
-        "intermediate-values": lambda: _png_learning_curves(study),
+        "intermediate-values": (lambda: MO_CURVES) if on else (lambda: _png_learning_curves(study)),
         "param-importances": lambda: vis.plot_param_importances(study, **on),
         "parallel-coordinate": lambda: vis.plot_parallel_coordinate(study, **on),
         "slice": lambda: vis.plot_slice(study, **on),
