@@ -22,6 +22,8 @@ per reported epoch):
     python benchmarks/scale.py throughput --seconds 10
     python benchmarks/scale.py growth --sizes 100 1000
     python benchmarks/scale.py startup
+    SCALE_PROFILE=/tmp/prof python benchmarks/scale.py bookkeeping --trials 300 --asha off
+                                      # writes /tmp/prof.<contender>.<asha>, cProfile stats
 """
 
 from __future__ import annotations
@@ -144,7 +146,15 @@ def _run_contender(name: str, job_json: str) -> None:
     from benchmarks.scale_runs import Job, run_ours, run_stock
 
     job = Job(**json.loads(job_json))
-    found = run_stock(job) if name == "stock" else run_ours(job)
+    profile = os.environ.get("SCALE_PROFILE")  # a cProfile of this driver, for pstats/snakeviz
+    if profile:
+        import cProfile
+
+        with cProfile.Profile() as prof:
+            found = run_stock(job) if name == "stock" else run_ours(job)
+        prof.dump_stats(f"{profile}.{name}.{int(job.asha)}")
+    else:
+        found = run_stock(job) if name == "stock" else run_ours(job)
     print("RESULT " + json.dumps(found), flush=True)
 
 

@@ -129,7 +129,7 @@ def test_the_tradeoff_space_finds_a_front_of_accuracy_and_latency(
     states = {t.state for t in study.get_trials()}
     assert TrialState.PRUNED in states  # MO-ASHA stopped some at the first rung
     front = pareto_trials(study)
-    assert len(front) >= 3, [t.values for t in front]
+    assert len(front) >= 2, [t.values for t in front]  # a trade-off, not one best point
     by_latency = sorted(front, key=lambda t: t.values[1])
     accuracies = [t.values[0] for t in by_latency]
     assert accuracies == sorted(accuracies)  # a front: slower points must be more accurate

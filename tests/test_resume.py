@@ -100,7 +100,7 @@ def test_kill_9_mid_study_then_run_again_continues(tmp_path: Path) -> None:
     spec_data = base_spec(
         tmp_path,
         study="killed",
-        budget={"trials": 8, "max_epochs": 4},
+        budget={"trials": 6, "max_epochs": 3},
         fixed={"sleep": 0.4},
         asha={"enabled": False},
     )
@@ -137,13 +137,13 @@ def test_kill_9_mid_study_then_run_again_continues(tmp_path: Path) -> None:
     assert {t.number for t in after if t.number in kept and t.state == before[t.number]} == kept
     interrupted = [t for t in after if t.user_attrs.get("fail_reason") == INTERRUPTED]
     assert interrupted and all(before[t.number] == TrialState.RUNNING for t in interrupted)
-    assert len(after) - len(interrupted) == 8  # the budget, interrupted trials replaced
+    assert len(after) - len(interrupted) == 6  # the budget, interrupted trials replaced
 
     restarted = _run(spec, "--restart")
     out, _ = restarted.communicate(timeout=400)
     assert restarted.returncode == 0, out
     fresh = optuna.load_study(study_name="killed", storage=storage).trials
-    assert len(fresh) == 8 and all(t.state == TrialState.COMPLETE for t in fresh)
+    assert len(fresh) == 6 and all(t.state == TrialState.COMPLETE for t in fresh)
 
 
 def test_an_interrupted_grid_point_is_run_again_and_no_visited_one_twice(tmp_path: Path) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import optuna
@@ -97,3 +98,86 @@ def test_a_trial_whose_queued_write_failed_is_not_told_finished(tmp_path: Path) 
     with pytest.raises(RuntimeError, match="study write"):
         storage.close()
     assert optuna.load_study(study_name="w", storage=url).trials[0].state == TrialState.RUNNING
+
+
+class _Counting:
+    """Counts the reads of every trial that reach the wrapped storage."""
+
+    def __init__(self, inner: optuna.storages.BaseStorage) -> None:
+        self.inner, self.reads = inner, 0
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.inner, name)
+
+    def get_all_trials(self, *args: object, **kwargs: object) -> list:
+        self.reads += 1
+        return self.inner.get_all_trials(*args, **kwargs)
+
+
+def test_reading_all_trials_uses_a_view_and_its_own_trials_are_current(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    url = f"sqlite:///{tmp_path}/optuna.db"
+    plain = optuna.create_study(study_name="w", storage=open_storage(url), direction="maximize")
+    counting = _Counting(plain._storage)
+    storage = WriteBehindStorage(counting)  # type: ignore[arg-type]
+    study = optuna.Study(study_name="w", storage=storage)
+    monkeypatch.setattr("search.record.writeback.VIEW_EVERY_S", 3600.0)
+    storage.get_all_trials(study._study_id)  # the view is read once
+    finished = study.ask()
+    finished.suggest_float("x", 0.0, 1.0)
+    finished.report(0.4, 1)
+    study.tell(finished, 0.7)
+    running = study.ask()
+    running.suggest_float("x", 0.0, 1.0)
+    running.report(0.2, 1)
+    other = plain.ask()  # another driver's trial, created after the view
+    other.suggest_float("x", 0.0, 1.0)
+    for _ in range(20):
+        trials = storage.get_all_trials(study._study_id, deepcopy=False)
+    assert counting.reads == 1  # the sampler's reads cost no query
+    assert [(t.number, t.state.name) for t in trials] == [(0, "COMPLETE"), (1, "RUNNING")]
+    assert trials[0].value == 0.7 and trials[0].intermediate_values == {1: 0.4}
+    assert trials[1].intermediate_values == {1: 0.2} and "x" in trials[1].params
+    monkeypatch.setattr("search.record.writeback.VIEW_EVERY_S", 0.0)
+    trials = storage.get_all_trials(study._study_id, states=(TrialState.RUNNING,))
+    assert [t.number for t in trials] == [1, 2]  # the other driver's, once the view is renewed
+    study.tell(running, 0.1)
+    storage.close()
+
+
+def test_queued_writes_commit_together_and_a_bad_one_spoils_only_itself(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from search.record import writeback
+
+    study, storage, url = _pair(tmp_path)
+    good, bad = study.ask(), study.ask()
+    batches: list[int] = []
+    together = writeback.write_together
+
+    def counted(inner: object, writes: list) -> bool:
+        batches.append(len(writes))
+        if len(batches) == 1:
+            gate.wait(10)  # the next writes queue up behind the first transaction
+        return together(inner, writes)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(writeback, "write_together", counted)
+    gate = threading.Event()
+    good.set_user_attr("gate", 0)
+    for epoch in range(1, 6):
+        good.report(0.1 * epoch, epoch)
+    bad.set_user_attr("bad", object())  # not JSON: fails inside the batch
+    good.set_user_attr("epochs", 5)
+    gate.set()
+    storage.flush()
+    assert sum(batches) == 8 and len(batches) <= 2  # 8 writes, at most 2 transactions
+    study.tell(good, 1.0)
+    with pytest.raises(RuntimeError, match="earlier write"):
+        study.tell(bad, 1.0)
+    with pytest.raises(RuntimeError, match="study write"):
+        storage.close()
+    stored = optuna.load_study(study_name="w", storage=url).trials
+    assert stored[0].intermediate_values == {e: pytest.approx(0.1 * e) for e in range(1, 6)}
+    assert stored[0].user_attrs == {"gate": 0, "epochs": 5}
+    assert stored[0].state == TrialState.COMPLETE and stored[1].state == TrialState.RUNNING

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 import optuna
 from optuna.trial import TrialState
 
+from search.record.history import BoundedTPESampler
 from search.record.resume import INTERRUPTED
 from search.spec.space import grid
 
@@ -62,18 +63,19 @@ def build_sampler(spec: StudySpec, offset: int = 0) -> optuna.samplers.BaseSampl
     trials a resumed study already has, so it continues rather than replays its draws).
 
     TPE runs multivariate and grouped (conditional parameters get their own groups) with the
-    constant liar, so trials proposed while others still run do not all pile onto one point.
+    constant liar, so trials proposed while others still run do not all pile onto one point;
+    past :data:`~search.record.history.HISTORY_LIMIT` trials it models a bounded history.
 
     Example:
         >>> build_sampler(spec)  # doctest: +SKIP
-        <optuna.samplers._tpe.sampler.TPESampler object at ...>
+        <search.record.history.BoundedTPESampler object at ...>
     """
     seed = None if spec.sampler.seed is None else spec.sampler.seed + offset
     name = spec.sampler.name
     if name == "tpe":
         with warnings.catch_warnings():  # group and constant_liar are "experimental" since 2.x
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            return optuna.samplers.TPESampler(
+            return BoundedTPESampler(
                 seed=seed, multivariate=True, group=True, constant_liar=True, n_startup_trials=8
             )
     if name == "random":

@@ -1,0 +1,120 @@
+"""TPE's cost bounded in big studies: which trials it models at each ask.
+
+Optuna's TPE reads every trial at each ask and builds its densities from all of them, so an
+ask costs O(n log n) in the study's n trials (Optuna's docs suggest TPE for 100 to 1,000
+trials); measured here through the bridge, an ask took a median of 0.55 s at 10,000 trials.
+:class:`BoundedTPESampler` shows TPE at most :data:`HISTORY_LIMIT` trials: every running one
+(the constant liar keeps parallel asks apart with them), the :data:`BEST_KEPT` best finished
+ones (TPE's "good" group, 25 trials at most with its default ``gamma``, is drawn from those),
+then the most recent others. A study at or under the limit is modelled whole: TPE then
+samples exactly as Optuna's own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Container, Sequence
+from typing import Any
+
+import optuna
+from optuna.study import StudyDirection
+from optuna.trial import FrozenTrial, TrialState
+
+HISTORY_LIMIT = 1000
+"""Most trials TPE models at one ask."""
+
+BEST_KEPT = 100
+"""The best finished trials always modelled, however old."""
+
+
+def bounded(
+    trials: Sequence[FrozenTrial],
+    directions: Sequence[StudyDirection],
+    limit: int = HISTORY_LIMIT,
+) -> list[FrozenTrial]:
+    """``trials`` (in study order) cut down to ``limit``: the running ones, the best finished
+    ones (single objective), the most recent others.
+
+    Example:
+        >>> from optuna.trial import create_trial
+        >>> trials = [create_trial(value=float(v)) for v in (9, 1, 2, 3, 4)]
+        >>> for number, trial in enumerate(trials):
+        ...     trial.number = number
+        >>> [t.value for t in bounded(trials, [StudyDirection.MAXIMIZE], limit=3)]
+        [9.0, 3.0, 4.0]
+    """
+    if len(trials) <= limit:
+        return list(trials)
+    keep = {t.number for t in trials if t.state == TrialState.RUNNING}
+    if len(directions) == 1:
+        sign = -1.0 if directions[0] == StudyDirection.MAXIMIZE else 1.0
+        done = [t for t in trials if t.state == TrialState.COMPLETE and t.value is not None]
+        done.sort(key=lambda t: sign * float(t.value))  # type: ignore[arg-type]
+        keep.update(t.number for t in done[: min(BEST_KEPT, limit // 2)])
+    for trial in reversed(trials):
+        if len(keep) >= limit:
+            break
+        keep.add(trial.number)
+    return [t for t in trials if t.number in keep]
+
+
+class _Bounded:
+    """The study as TPE sees it: every read of its trials passes through :func:`bounded`."""
+
+    def __init__(self, study: optuna.Study, limit: int) -> None:
+        self._study, self._limit = study, limit
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._study, name)
+
+    def _get_trials(
+        self,
+        deepcopy: bool = True,
+        states: Container[TrialState] | None = None,
+        use_cache: bool = False,
+    ) -> list[FrozenTrial]:
+        trials = self._study._get_trials(deepcopy=deepcopy, states=states, use_cache=use_cache)
+        return bounded(trials, self._study.directions, self._limit)
+
+    def get_trials(
+        self, deepcopy: bool = True, states: Container[TrialState] | None = None
+    ) -> list[FrozenTrial]:
+        return self._get_trials(deepcopy=deepcopy, states=states)
+
+
+class BoundedTPESampler(optuna.samplers.TPESampler):
+    """Optuna's :class:`~optuna.samplers.TPESampler` that models at most ``history_limit``
+    trials per ask (see the module's text); every other argument is TPE's.
+
+    Example:
+        >>> sampler = BoundedTPESampler(seed=0, history_limit=500)
+        >>> study = optuna.create_study(sampler=sampler)
+        >>> study.optimize(lambda t: t.suggest_float("x", 0, 1), n_trials=3)
+        >>> len(study.trials)
+        3
+    """
+
+    def __init__(self, *args: Any, history_limit: int = HISTORY_LIMIT, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._history_limit = history_limit
+
+    def _view(self, study: optuna.Study) -> Any:
+        return _Bounded(study, self._history_limit)
+
+    def infer_relative_search_space(
+        self, study: optuna.Study, trial: FrozenTrial
+    ) -> dict[str, Any]:
+        return super().infer_relative_search_space(self._view(study), trial)
+
+    def sample_relative(
+        self, study: optuna.Study, trial: FrozenTrial, search_space: dict[str, Any]
+    ) -> dict[str, Any]:
+        return super().sample_relative(self._view(study), trial, search_space)
+
+    def sample_independent(
+        self,
+        study: optuna.Study,
+        trial: FrozenTrial,
+        param_name: str,
+        param_distribution: Any,
+    ) -> Any:
+        return super().sample_independent(self._view(study), trial, param_name, param_distribution)
