@@ -1,4 +1,5 @@
-"""Several trial writes in one database transaction.
+"""Several trial writes in one database transaction, and SQLite commits that do not wait for
+the disk.
 
 Optuna's RDB storage commits each ``set_trial_user_attr``, ``set_trial_system_attr`` and
 ``set_trial_intermediate_value`` on its own: on SQLite that is one transaction (and one lock of
@@ -67,3 +68,20 @@ def _has_helpers(backend: Any) -> bool:
             "_set_trial_attr_without_commit",
         )
     )
+
+
+def relax_sqlite_sync(storage: BaseStorage) -> None:
+    """``PRAGMA synchronous=NORMAL`` on every connection of a SQLite RDB storage: in WAL mode a
+    commit then no longer waits for the disk; a crash of the process loses nothing committed,
+    a power loss may lose the last commits (the trade :mod:`search.record.writeback` makes)."""
+    backend = getattr(storage, "_backend", storage)  # Optuna wraps RDBStorage in a cache
+    engine = getattr(backend, "engine", None)
+    if engine is None or engine.dialect.name != "sqlite":
+        return
+    import sqlalchemy
+
+    def _normal(dbapi_connection: Any, _record: Any) -> None:
+        dbapi_connection.execute("PRAGMA synchronous=NORMAL")
+
+    sqlalchemy.event.listen(engine, "connect", _normal)
+    engine.dispose()  # pooled connections reconnect with the pragma

@@ -7,11 +7,13 @@ trials); measured here through the bridge, an ask took a median of 0.55 s at 10,
 (the constant liar keeps parallel asks apart with them), the :data:`BEST_KEPT` best finished
 ones (TPE's "good" group, 25 trials at most with its default ``gamma``, is drawn from those),
 then the most recent others. A study at or under the limit is modelled whole: TPE then
-samples exactly as Optuna's own.
+samples exactly as Optuna's own. With ``group=True`` it also reads each finished trial once
+for the grouped search space, which Optuna rebuilds from every trial at every ask.
 """
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Container, Sequence
 from typing import Any
 
@@ -44,24 +46,26 @@ def bounded(
     """
     if len(trials) <= limit:
         return list(trials)
-    keep = {t.number for t in trials if t.state == TrialState.RUNNING}
-    if len(directions) == 1:
-        sign = -1.0 if directions[0] == StudyDirection.MAXIMIZE else 1.0
-        done = [t for t in trials if t.state == TrialState.COMPLETE and t.value is not None]
-        done.sort(key=lambda t: sign * float(t.value))  # type: ignore[arg-type]
-        keep.update(t.number for t in done[: min(BEST_KEPT, limit // 2)])
-    for trial in reversed(trials):
-        if len(keep) >= limit:
-            break
-        keep.add(trial.number)
-    return [t for t in trials if t.number in keep]
+    sign = -1.0 if directions[0] == StudyDirection.MAXIMIZE else 1.0
+    keep, done = set(), []
+    for i, trial in enumerate(trials):  # one pass: this runs at every ask
+        if trial.state == TrialState.RUNNING:
+            keep.add(i)
+        elif trial.state == TrialState.COMPLETE and trial.values and len(directions) == 1:
+            done.append((sign * trial.values[0], i))
+    keep.update(i for _, i in heapq.nsmallest(min(BEST_KEPT, limit // 2), done))
+    i = len(trials) - 1
+    while len(keep) < limit and i >= 0:  # then the most recent
+        keep.add(i)
+        i -= 1
+    return [trials[i] for i in sorted(keep)]
 
 
 class _Bounded:
     """The study as TPE sees it: every read of its trials passes through :func:`bounded`."""
 
-    def __init__(self, study: optuna.Study, limit: int) -> None:
-        self._study, self._limit = study, limit
+    def __init__(self, study: optuna.Study, limit: int, memo: dict[Any, Any]) -> None:
+        self._study, self._limit, self._memo = study, limit, memo
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._study, name)
@@ -73,12 +77,44 @@ class _Bounded:
         use_cache: bool = False,
     ) -> list[FrozenTrial]:
         trials = self._study._get_trials(deepcopy=deepcopy, states=states, use_cache=use_cache)
-        return bounded(trials, self._study.directions, self._limit)
+        snapshot = getattr(self._study._thread_local, "cached_all_trials", None)
+        if deepcopy or not use_cache or snapshot is None:
+            return bounded(trials, self._study.directions, self._limit)
+        # One ask reads the study's per-ask snapshot of its trials several times (Optuna's
+        # ``use_cache``): bound the snapshot once, then pick the states asked for.
+        if self._memo.get("snapshot") is not snapshot:
+            self._memo["snapshot"] = snapshot  # held, so its id is not reused meanwhile
+            self._memo["bounded"] = bounded(snapshot, self._study.directions, self._limit)
+        kept: list[FrozenTrial] = self._memo["bounded"]
+        return [t for t in kept if states is None or t.state in states]
 
     def get_trials(
         self, deepcopy: bool = True, states: Container[TrialState] | None = None
     ) -> list[FrozenTrial]:
         return self._get_trials(deepcopy=deepcopy, states=states)
+
+
+class _Unseen:
+    """The study as TPE's grouped search space reads it: only the trials it has not read yet.
+    That space only grows (a union of each finished trial's distributions), so reading each
+    trial once gives the space Optuna's re-reading of every trial at every ask gives."""
+
+    def __init__(self, study: optuna.Study, seen: set[int]) -> None:
+        self._study, self._seen = study, seen
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._study, name)
+
+    def _get_trials(
+        self,
+        deepcopy: bool = True,
+        states: Container[TrialState] | None = None,
+        use_cache: bool = False,
+    ) -> list[FrozenTrial]:
+        trials = self._study._get_trials(deepcopy=deepcopy, states=states, use_cache=use_cache)
+        new = [t for t in trials if t.number not in self._seen and t.state.is_finished()]
+        self._seen.update(t.number for t in new)
+        return new
 
 
 class BoundedTPESampler(optuna.samplers.TPESampler):
@@ -96,13 +132,18 @@ class BoundedTPESampler(optuna.samplers.TPESampler):
     def __init__(self, *args: Any, history_limit: int = HISTORY_LIMIT, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._history_limit = history_limit
+        self._grouped: set[int] = set()  # trials the grouped search space has read
+        self._memo: dict[Any, Any] = {}  # the bounded trials of the current ask's snapshot
 
     def _view(self, study: optuna.Study) -> Any:
-        return _Bounded(study, self._history_limit)
+        return _Bounded(study, self._history_limit, self._memo)
 
     def infer_relative_search_space(
         self, study: optuna.Study, trial: FrozenTrial
     ) -> dict[str, Any]:
+        if self._group_decomposed_search_space is not None:  # group=True
+            unseen: Any = _Unseen(study, self._grouped)  # a Study to TPE
+            return super().infer_relative_search_space(unseen, trial)
         return super().infer_relative_search_space(self._view(study), trial)
 
     def sample_relative(

@@ -40,7 +40,7 @@ from optuna.study import StudyDirection
 from optuna.study._frozen import FrozenStudy
 from optuna.trial import FrozenTrial, TrialState
 
-from search.record.batch import write_together
+from search.record.batch import relax_sqlite_sync, write_together
 
 _log = logging.getLogger(__name__)
 
@@ -51,21 +51,6 @@ BATCH_LIMIT = 500
 
 VIEW_EVERY_S = 2.0
 """Most seconds :meth:`WriteBehindStorage.get_all_trials` reuses its view of the storage."""
-
-
-def _relax_sqlite_sync(storage: BaseStorage) -> None:
-    """``PRAGMA synchronous=NORMAL`` on every connection of a SQLite RDB storage (see above)."""
-    backend = getattr(storage, "_backend", storage)  # Optuna wraps RDBStorage in a cache
-    engine = getattr(backend, "engine", None)
-    if engine is None or engine.dialect.name != "sqlite":
-        return
-    import sqlalchemy
-
-    def _normal(dbapi_connection: Any, _record: Any) -> None:
-        dbapi_connection.execute("PRAGMA synchronous=NORMAL")
-
-    sqlalchemy.event.listen(engine, "connect", _normal)
-    engine.dispose()  # pooled connections reconnect with the pragma
 
 
 class WriteBehindStorage(BaseStorage):
@@ -100,8 +85,8 @@ class WriteBehindStorage(BaseStorage):
         self._own: dict[int, FrozenTrial | None] = {}  # trials created here, until finished
         self._mine: dict[int, int] = {}  # trial id -> study id, for trials created here
         self._told: dict[int, FrozenTrial] = {}  # created here, finished since the last view
-        self._view: tuple[int, float, list[FrozenTrial]] | None = None
-        _relax_sqlite_sync(inner)
+        self._view: tuple[int, float, list[FrozenTrial], dict[int, int]] | None = None
+        relax_sqlite_sync(inner)
 
     # ---- the background writer -------------------------------------------------------------
 
@@ -349,22 +334,23 @@ class WriteBehindStorage(BaseStorage):
         cache re-reads every unfinished trial), that cost 60 ms a trial at 16 running. Only
         the trials of other drivers (a shared study) can be stale, by at most that long."""
         pending = self._snapshot()
-        base = self._base(study_id)
+        base, index = self._base(study_id)
         with self._lock:
             mine = {tid for tid, sid in self._mine.items() if sid == study_id}
             told = dict(self._told)
-        trials, seen = [], set()
-        for trial in base:
-            seen.add(trial._trial_id)
-            trials.append(self._current(trial, mine, told, pending))
-        for trial_id in sorted(mine - seen):  # created here since the view was read
+        trials = list(base)
+        for trial_id in mine | set(told) | set(pending):  # the few this driver changed
+            if trial_id in index:
+                trials[index[trial_id]] = self._current(base[index[trial_id]], mine, told, pending)
+        for trial_id in sorted(mine - set(index)):  # created here since the view was read
             trials.append(told.get(trial_id) or self._read(trial_id)[0])
         if states is not None:
             trials = [t for t in trials if t.state in states]
         return copy.deepcopy(trials) if deepcopy else trials
 
-    def _base(self, study_id: int) -> list[FrozenTrial]:
-        """The view of the storage, read again when older than :data:`VIEW_EVERY_S`."""
+    def _base(self, study_id: int) -> tuple[list[FrozenTrial], dict[int, int]]:
+        """The view of the storage, read again when older than :data:`VIEW_EVERY_S`, and each
+        trial's place in it."""
         now = time.monotonic()
         if self._view is None or self._view[0] != study_id or now - self._view[1] > VIEW_EVERY_S:
             base = self.inner.get_all_trials(study_id, deepcopy=False)
@@ -373,8 +359,9 @@ class WriteBehindStorage(BaseStorage):
                 for trial_id in stored & set(self._told):
                     self._mine.pop(trial_id, None)
                     self._told.pop(trial_id)
-            self._view = (study_id, now, base)
-        return self._view[2]
+            index = {t._trial_id: i for i, t in enumerate(base)}
+            self._view = (study_id, now, base, index)
+        return self._view[2], self._view[3]
 
     def _current(
         self,
