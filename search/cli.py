@@ -9,12 +9,15 @@ ends in one line on stderr and exit status 2, never a traceback.
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import functools
 import os
 import sys
+import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any, TypeVar
+from typing import Annotated, Any, NoReturn, TypeVar
 
 import typer
 from rich.console import Console
@@ -103,10 +106,15 @@ def run(
         source=str(spec),
     )
     summary = run_study(parsed, options)
+    # Ray's shutdown (its processes stopped one by one, a second or more) overlaps the
+    # results and the report, which need only the study.
+    stopping = threading.Thread(target=_stop_ray, name="search-ray-stop", daemon=True)
+    stopping.start()
     done = load_study(parsed.study, parsed.storage)
     folder = write_results(done, parsed, results)
     print_summary(console, done, summary, folder)
     _report_after_run(done.study_name, parsed.storage, results)
+    stopping.join()
     if summary.stopped_early:
         typer.echo(
             f"error: {summary.stopped_early}; fix it and run again (the run stopped "
@@ -178,6 +186,12 @@ def dashboard(
     check_storage(storage, "--storage")
     typer.echo(f"optuna-dashboard on http://{host}:{port} for {redact(storage)}", err=True)
     serve(storage, host, port, results)
+
+
+def _stop_ray() -> None:
+    import ray
+
+    ray.shutdown()
 
 
 def _report_after_run(study: str, storage: str, results: Path) -> None:
@@ -320,4 +334,27 @@ def main() -> None:
     # TensorFlow's C++ start-up notes (oneDNN, CUDA probing) are not the user's business; its
     # warnings and errors still show.
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
-    app()
+    try:
+        app()
+    except SystemExit as exc:
+        _exit_now(exc.code)
+
+
+def _exit_now(code: object) -> NoReturn:
+    """Ends the process as the interpreter would, without its finalization.
+
+    Threads still running are waited for, the exit hooks run (Ray's shutdown, logging's
+    flush), the output is flushed; then the process ends. What is skipped is the interpreter
+    tearing down every module and Ray's C++ core object by object: measured here, 2.4 s after
+    every ``run``, once every file was written and closed."""
+    if isinstance(code, str):  # SystemExit("message"): the message, and status 1
+        print(code, file=sys.stderr)
+        code = 1
+    for thread in threading.enumerate():
+        if thread is not threading.current_thread() and not thread.daemon:
+            thread.join()
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):  # a closed pipe: nothing left to say
+            stream.flush()
+    os._exit(code if isinstance(code, int) else 0)

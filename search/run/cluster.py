@@ -22,6 +22,8 @@ _RAY_ENV = {
 }
 
 
+_NO_PRESTART = {"enable_worker_prestart": False, "prestart_worker_first_driver": False}
+
 NUM_CPUS_ENV = "SEARCH_NUM_CPUS"
 NUM_GPUS_ENV = "SEARCH_NUM_GPUS"
 """Logical CPUs and GPUs of the local Ray a run starts (Ray accepts GPUs a machine lacks:
@@ -66,6 +68,10 @@ def init_ray(address: str | None, num_cpus: int | None = None, num_gpus: int | N
         logging_level=logging.WARNING,
         log_to_driver=False,
         runtime_env={"env_vars": dict(_RAY_ENV)},
+        # Ray starts one idle Python worker per CPU for tasks, but Tune runs every trial in an
+        # actor, and actors never take those workers: on a 2-core machine they cost 2 CPU-s
+        # while the first trials start, on a 64-CPU node 64 processes that do nothing.
+        _system_config=None if address else _NO_PRESTART,
     )
 
 
