@@ -61,11 +61,12 @@ def bounded(
     return [trials[i] for i in sorted(keep)]
 
 
-class _Bounded:
-    """The study as TPE sees it: every read of its trials passes through :func:`bounded`."""
+class _Reads:
+    """The study as one of TPE's reads sees it: each read of its trials passes through
+    :meth:`_pick`; everything else is the study's."""
 
-    def __init__(self, study: optuna.Study, limit: int, memo: dict[Any, Any]) -> None:
-        self._study, self._limit, self._memo = study, limit, memo
+    def __init__(self, study: optuna.Study) -> None:
+        self._study = study
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._study, name)
@@ -77,8 +78,31 @@ class _Bounded:
         use_cache: bool = False,
     ) -> list[FrozenTrial]:
         trials = self._study._get_trials(deepcopy=deepcopy, states=states, use_cache=use_cache)
+        return self._pick(trials, states, deepcopy or not use_cache)
+
+    def get_trials(
+        self, deepcopy: bool = True, states: Container[TrialState] | None = None
+    ) -> list[FrozenTrial]:
+        return self._get_trials(deepcopy=deepcopy, states=states)
+
+    def _pick(
+        self, trials: list[FrozenTrial], states: Container[TrialState] | None, fresh: bool
+    ) -> list[FrozenTrial]:
+        raise NotImplementedError
+
+
+class _Bounded(_Reads):
+    """Every read of the trials cut down by :func:`bounded`."""
+
+    def __init__(self, study: optuna.Study, limit: int, memo: dict[Any, Any]) -> None:
+        super().__init__(study)
+        self._limit, self._memo = limit, memo
+
+    def _pick(
+        self, trials: list[FrozenTrial], states: Container[TrialState] | None, fresh: bool
+    ) -> list[FrozenTrial]:
         snapshot = getattr(self._study._thread_local, "cached_all_trials", None)
-        if deepcopy or not use_cache or snapshot is None:
+        if fresh or snapshot is None:
             return bounded(trials, self._study.directions, self._limit)
         # One ask reads the study's per-ask snapshot of its trials several times (Optuna's
         # ``use_cache``): bound the snapshot once, then pick the states asked for.
@@ -88,30 +112,19 @@ class _Bounded:
         kept: list[FrozenTrial] = self._memo["bounded"]
         return [t for t in kept if states is None or t.state in states]
 
-    def get_trials(
-        self, deepcopy: bool = True, states: Container[TrialState] | None = None
-    ) -> list[FrozenTrial]:
-        return self._get_trials(deepcopy=deepcopy, states=states)
 
-
-class _Unseen:
-    """The study as TPE's grouped search space reads it: only the trials it has not read yet.
-    That space only grows (a union of each finished trial's distributions), so reading each
-    trial once gives the space Optuna's re-reading of every trial at every ask gives."""
+class _Unseen(_Reads):
+    """Only the finished trials not read before: for TPE's grouped search space, which only
+    grows (a union of each finished trial's distributions), so reading each trial once gives
+    the space Optuna's re-reading of every trial at every ask gives."""
 
     def __init__(self, study: optuna.Study, seen: set[int]) -> None:
-        self._study, self._seen = study, seen
+        super().__init__(study)
+        self._seen = seen
 
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._study, name)
-
-    def _get_trials(
-        self,
-        deepcopy: bool = True,
-        states: Container[TrialState] | None = None,
-        use_cache: bool = False,
+    def _pick(
+        self, trials: list[FrozenTrial], states: Container[TrialState] | None, fresh: bool
     ) -> list[FrozenTrial]:
-        trials = self._study._get_trials(deepcopy=deepcopy, states=states, use_cache=use_cache)
         new = [t for t in trials if t.number not in self._seen and t.state.is_finished()]
         self._seen.update(t.number for t in new)
         return new
