@@ -62,7 +62,9 @@ def test_twenty_kill_9s_then_a_resume_leave_a_true_study(
         tmp_path,
         study="chaos",
         budget={"trials": BUDGET, "max_epochs": 3},
-        fixed={"sleep": 0.3},
+        # 10 trials x 3 epochs x 0.6 s, 2 at once: 9 s of trials, so no driver finishes the
+        # whole budget before its kill (at most 10 s in, Ray's start included)
+        fixed={"sleep": 0.6},
         asha={"enabled": False},
         sampler={"name": "random", "seed": 7},
     )
