@@ -17,13 +17,16 @@ import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any, NoReturn, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn, TypeVar
 
 import typer
 from rich.console import Console
 
 from search.errors import SearchError, one_line
 from search.spec.schema import DEFAULT_STORAGE
+
+if TYPE_CHECKING:
+    import optuna
 
 app = typer.Typer(
     add_completion=False,
@@ -113,7 +116,7 @@ def run(
     done = load_study(parsed.study, parsed.storage)
     folder = write_results(done, parsed, results)
     print_summary(console, done, summary, folder)
-    _report_after_run(done.study_name, parsed.storage, results)
+    _report_after_run(done, results)
     stopping.join()
     if summary.stopped_early:
         typer.echo(
@@ -194,14 +197,14 @@ def _stop_ray() -> None:
     ray.shutdown()
 
 
-def _report_after_run(study: str, storage: str, results: Path) -> None:
+def _report_after_run(study: optuna.Study, results: Path) -> None:
     """Writes the study's report at the end of ``run``; a failure costs a warning, not the run."""
-    from search.report.dashboard import publish_named
+    from search.report.dashboard import publish_study
     from search.report.html import report_study
 
     try:
-        path = report_study(study, storage, results, pngs=False)  # `report` draws the PNGs
-        publish_named(study, storage, results)  # the dashboard's note and trial artifacts
+        path = report_study(study, results, pngs=False)  # `report` draws the PNGs
+        publish_study(study, results)  # the dashboard's note and trial artifacts
     except Exception as exc:  # the run itself succeeded; the report is a convenience
         typer.echo(f"warning: report not written: {one_line(str(exc))}", err=True)
         return
@@ -265,13 +268,15 @@ def report(
     results: Annotated[Path, typer.Option(help="Folder for results.")] = Path("results"),
 ) -> None:
     """Write results/<study>/report.html (offline plotly figures) and figures/*.png."""
-    from search.report.dashboard import publish_named
+    from search.record.study import load_study
+    from search.report.dashboard import publish_study
     from search.report.html import report_study
     from search.run.preflight import check_storage
 
     check_storage(storage, "--storage")
-    console.print(f"report {report_study(study, storage, results)}")
-    publish_named(study, storage, results)  # the dashboard's note and trial artifacts
+    loaded = load_study(study, storage)
+    console.print(f"report {report_study(loaded, results)}")
+    publish_study(loaded, results)  # the dashboard's note and trial artifacts
 
 
 @app.command()

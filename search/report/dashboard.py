@@ -128,14 +128,6 @@ def publish_study(study: optuna.Study, results_dir: Path) -> int:
         return publish_artifacts(study, results_dir)
 
 
-def publish_named(study_name: str, storage_url: str, results_dir: Path) -> int:
-    """:func:`publish_study` for the study of that name (``run`` and ``report`` call it)."""
-    import optuna
-
-    study = optuna.load_study(study_name=study_name, storage=open_storage(storage_url))
-    return publish_study(study, results_dir)
-
-
 def publish_all(storage_url: str, results_dir: Path) -> dict[str, int]:
     """:func:`publish_study` for each study with a folder in ``results_dir``, except those a
     live driver holds (only the driver writes to its study; its ``run`` publishes at the end).

@@ -20,8 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from search.record.queries import EPOCHS_FILE, best_trial, objective_names, pareto_trials
-from search.record.storage import open_storage
-from search.record.study import CONFIRM_SUFFIX, load_study
+from search.record.study import CONFIRM_SUFFIX
 from search.report.figures import (
     FIGURES,
     curve_trials,
@@ -29,8 +28,8 @@ from search.report.figures import (
     plotly_figures,
     spec_of,
     uncopied,
-    write_pngs,
 )
+from search.report.pngs import start_pngs
 
 if TYPE_CHECKING:
     import optuna
@@ -312,30 +311,30 @@ def write_report(
     folder = Path(results_dir) / study.study_name
     folder.mkdir(parents=True, exist_ok=True)
     with uncopied(study):
+        drawn = start_pngs(study, folder / "figures") if pngs else None
         shown, _ = curve_trials(study)
         figures = {**plotly_figures(study), "metrics": metric_curves(folder / EPOCHS_FILE, shown)}
         page = render(study, figures, confirm)
         path = folder / "report.html"
         path.write_text(page, encoding="utf-8")
-        if pngs:
-            write_pngs(study, folder / "figures")
+        if drawn is not None:
+            drawn()
     return path
 
 
 def report_study(
-    study_name: str, storage: str, results_dir: Path = Path("results"), pngs: bool = True
+    study: optuna.Study, results_dir: Path = Path("results"), pngs: bool = True
 ) -> Path:
-    """The ``report`` command: loads the study (and ``<study>-confirm`` if there is one).
-    ``run`` leaves the PNGs out (its exit waits for the report; ``report`` draws them)."""
+    """The page of ``report`` and of the end of ``run``: :func:`write_report` of ``study``,
+    with the confirmation runs of ``<study>-confirm`` when there is one. ``run`` leaves the
+    PNGs out (its exit waits for the report; ``report`` draws them)."""
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    study = load_study(study_name, storage)
-    names = set(optuna.get_all_study_names(open_storage(storage)))
-    confirm_name = study_name + CONFIRM_SUFFIX
+    confirm_name = study.study_name + CONFIRM_SUFFIX
     confirm = (
-        optuna.load_study(study_name=confirm_name, storage=open_storage(storage))
-        if confirm_name in names
+        optuna.load_study(study_name=confirm_name, storage=study._storage)
+        if confirm_name in optuna.get_all_study_names(study._storage)
         else None
     )
     return write_report(study, results_dir, confirm, pngs)

@@ -27,7 +27,6 @@ from search.errors import SearchError
 from search.record.storage import expand, redact, with_driver
 from search.run.cluster import init_ray, use_cluster_token
 from search.run.data import DataError, loader_function
-from search.spec.knobs import check_knobs
 
 if TYPE_CHECKING:
     from search.spec.schema import StudySpec
@@ -257,10 +256,10 @@ def join_ray(address: str) -> None:
 def check_run(
     spec: StudySpec, address: str | None, storage_field: str = "storage", data_field: str = "data"
 ) -> None:
-    """Every check ``run`` makes before its first trial; joins the cluster when ``address``
-    is given (so a refused token also fails here, in one line)."""
+    """The checks ``run`` makes before it starts Ray; joins the cluster when ``address`` is
+    given (so a refused token also fails here, in one line). The knobs are checked while Ray
+    starts (:func:`search.run.runner.run_study`): that check imports the trainable."""
     check_data(spec, data_field)
-    check_knobs(spec, data_field.rpartition(": ")[0] or "spec")
     check_storage(spec.storage, storage_field)
     check_ray_address(address)
     if address not in (None, "local"):

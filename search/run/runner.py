@@ -41,6 +41,7 @@ from search.run.scheduler import PruneReportingASHA, build_scheduler
 from search.run.stopping import FIRST, FailFast, RunStopper
 from search.run.worker import run_trial
 from search.spec.derive import asha_milestones
+from search.spec.knobs import check_knobs
 
 if TYPE_CHECKING:
     import optuna
@@ -158,7 +159,11 @@ def run_study(spec: StudySpec, options: RunOptions = RunOptions()) -> RunSummary
 
 
 def _open(spec: StudySpec, options: RunOptions) -> tuple[optuna.Study, StudyLease]:
-    """Opens the study and takes its lease (:mod:`search.record.lease`)."""
+    """Checks the spec's knobs against the trainable, then opens the study and takes its lease
+    (:mod:`search.record.lease`). The check imports the trainable's module, and its framework
+    (seconds for PyTorch or TensorFlow); a misspelled knob stops here, before the study
+    exists."""
+    check_knobs(spec, options.source)
     study = open_study(spec, restart=options.restart, source=options.source)
     lease = StudyLease(spec.storage, spec.study, new_run_id())
     lease.acquire(options.takeover)
@@ -169,10 +174,10 @@ def _open_while_ray_starts(
     spec: StudySpec, options: RunOptions
 ) -> tuple[optuna.Study, StudyLease, Future[Dataset]]:
     """:func:`_open` and the data's loading in threads while this one starts Ray (or joins
-    the cluster): each takes seconds (the lease alone waits a second, the digits import
-    scikit-learn), and none needs another. Ray starts in the main thread, where it sets its
-    SIGTERM handler. The data comes as a future: a loader's error surfaces in :func:`_fit`,
-    once the lease is held (and released however the run ends)."""
+    the cluster): each takes seconds (the trainable's import, the lease's wait of a second,
+    the digits' import of scikit-learn), and none needs another. Ray starts in the main
+    thread, where it sets its SIGTERM handler. The data comes as a future: a loader's error
+    surfaces in :func:`_fit`, once the lease is held (and released however the run ends)."""
     pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="search-start")
     try:
         opening = pool.submit(_open, spec, options)
