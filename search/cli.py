@@ -53,6 +53,12 @@ def one_line_errors(fn: F) -> F:
 
 
 StorageOpt = Annotated[str, typer.Option(help="Optuna storage URL; ${VAR} reads the environment.")]
+AddressOpt = Annotated[
+    str | None,
+    typer.Option(
+        help="Ray cluster to join (else a local Ray of the run's own).", envvar="RAY_ADDRESS"
+    ),
+]
 
 
 @app.command()
@@ -65,7 +71,7 @@ def run(
     storage: Annotated[str | None, typer.Option(help="Override the storage URL.")] = None,
     results: Annotated[Path, typer.Option(help="Folder for results.")] = Path("results"),
     seed: Annotated[int | None, typer.Option(help="Override sampler.seed.")] = None,
-    address: Annotated[str | None, typer.Option(help="Ray cluster to join.")] = None,
+    address: AddressOpt = None,
     verbose: Annotated[int, typer.Option(help="Ray Tune's own verbosity (0-3).")] = 0,
     restart: Annotated[
         bool, typer.Option("--restart", help="Delete the study and start afresh.")
@@ -226,7 +232,7 @@ def export(
     top_k: Annotated[int, typer.Option(min=1, help="Configs to confirm.")] = 3,
     seeds: Annotated[int, typer.Option(min=1, help="Fresh seeds per config.")] = 3,
     results: Annotated[Path, typer.Option(help="Folder for results.")] = Path("results"),
-    address: Annotated[str | None, typer.Option(help="Ray cluster to join.")] = None,
+    address: AddressOpt = None,
     pareto: Annotated[
         bool,
         typer.Option(

@@ -38,6 +38,23 @@ def ray_local() -> Iterator[None]:
     ray.shutdown()
 
 
+@pytest.fixture(scope="session")
+def session_ray_address(ray_local: None) -> str:
+    """The address of the session's Ray, for drivers in other processes to join."""
+    import ray
+
+    return str(ray.get_runtime_context().gcs_address)
+
+
+@pytest.fixture
+def joins_session_ray(session_ray_address: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``python -m search`` started by the test joins the session's Ray (``RAY_ADDRESS``, read
+    by ``--address``) instead of starting a Ray of its own: about 4 s and 6 CPU-s less per
+    command on 2 cores. Tests of a run's own Ray (logical GPUs, kills during Ray's start) do
+    not use it."""
+    monkeypatch.setenv("RAY_ADDRESS", session_ray_address)
+
+
 def write_spec(path: Path, data: dict[str, Any]) -> Path:
     """Writes ``data`` as a YAML spec file and returns its path."""
     path.write_text(yaml.safe_dump(data, sort_keys=False))

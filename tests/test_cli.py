@@ -16,6 +16,9 @@ import pytest
 
 from tests.conftest import REPO, base_spec, write_spec
 
+# CLI runs join the session's Ray (tests/conftest.py)
+pytestmark = [pytest.mark.usefixtures("joins_session_ray")]
+
 
 def _cli(*args: str, cwd: Path = REPO, timeout: float = 120) -> subprocess.CompletedProcess:
     return subprocess.run(

@@ -13,7 +13,7 @@ import pytest
 
 from tests.conftest import REPO
 
-pytestmark = [pytest.mark.slow]
+pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("joins_session_ray")]
 
 EXAMPLES = {
     # folder: (study, objective, another metric it yields, the model file its hook writes)

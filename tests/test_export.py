@@ -33,6 +33,9 @@ from search.spec.schema import load_spec, parse_spec
 from tests.conftest import REPO, base_spec
 from tests.test_cli import _cli
 
+# CLI runs join the session's Ray (tests/conftest.py)
+pytestmark = [pytest.mark.usefixtures("joins_session_ray")]
+
 
 def make_study(
     tmp_path: Path, values: dict[float, TrialState], param: str = "x", **changes: Any

@@ -11,6 +11,9 @@ from search.spec.schema import parse_spec
 from tests.conftest import REPO, base_spec, write_spec
 from tests.test_cli import _cli
 
+# CLI runs join the session's Ray (tests/conftest.py)
+pytestmark = [pytest.mark.usefixtures("joins_session_ray")]
+
 
 def test_user_trainable_without_defaults_is_not_checked(tmp_path: Path) -> None:
     assert declared_knobs("search.testing:curve") is None

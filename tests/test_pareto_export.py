@@ -33,6 +33,9 @@ from search.spec.schema import parse_spec
 from tests.conftest import base_spec
 from tests.test_cli import _cli
 
+# CLI runs join the session's Ray (tests/conftest.py)
+pytestmark = [pytest.mark.usefixtures("joins_session_ray")]
+
 TWO = [{"metric": "val_accuracy", "mode": "max"}, {"metric": "latency_ms", "mode": "min"}]
 LATENCIES = [1, 2, 4, 8, 16, 32]
 BUNDLE = {"config.yaml", "metrics.json", "MODEL_CARD.md", "learning_curves.png", "model.json"}

@@ -188,18 +188,21 @@ def test_cli_unreachable_storage_exits_2_before_anything(
     assert not (tmp_path / "results").exists()
 
 
-def test_cli_unknown_ray_address_exits_2_before_anything(tmp_path: Path) -> None:
-    """A real subprocess: Ray itself would wait minutes for a cluster that is not there."""
+@pytest.mark.parametrize("given_by", ["--address", "RAY_ADDRESS"])
+def test_cli_unknown_ray_address_exits_2_before_anything(tmp_path: Path, given_by: str) -> None:
+    """A real subprocess: Ray itself would wait minutes for a cluster that is not there. The
+    address comes from the option or, as for Ray's own tools, from ``RAY_ADDRESS``."""
     spec = write_spec(tmp_path / "s.yaml", base_spec(tmp_path))
     address = f"127.0.0.1:{free_port()}"
+    by_option = given_by == "--address"
     start = time.monotonic()
     proc = subprocess.run(
-        [sys.executable, "-m", "search", "run", str(spec), "--address", address],
+        [sys.executable, "-m", "search", "run", str(spec), *(["--address", address] * by_option)],
         cwd=tmp_path,
         capture_output=True,
         text=True,
         timeout=120,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
+        env={**os.environ, "PYTHONPATH": str(REPO), **({} if by_option else {given_by: address})},
     )
     assert time.monotonic() - start < 60
     assert proc.returncode == 2, proc.stderr

@@ -26,7 +26,7 @@ from search.spec.schema import parse_spec
 from tests.conftest import base_spec
 from tests.test_cli import _cli
 
-pytestmark = [pytest.mark.ray]
+pytestmark = [pytest.mark.ray, pytest.mark.usefixtures("joins_session_ray")]
 
 MAX_EPOCHS = 9
 

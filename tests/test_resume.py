@@ -18,6 +18,9 @@ from search.record.resume import FATE, INTERRUPTED, earlier_curves, fate_record,
 from search.run.scheduler import PruneReportingASHA
 from tests.conftest import REPO, base_spec, write_spec
 
+# CLI runs join the session's Ray (tests/conftest.py)
+pytestmark = [pytest.mark.usefixtures("joins_session_ray")]
+
 
 class _FakeTrial:
     def __init__(self, trial_id: str) -> None:
