@@ -44,7 +44,7 @@ def finished(ray_local: None, tmp_path_factory: pytest.TempPathFactory) -> tuple
                 "stop_at": {"choice": [0, 5]},
                 "fail_once_at": {"choice": [0, 2]},
             },
-            faults={"max_failures": 1},
+            faults={"max_failures": 1, "checkpoint_every_s": 0},  # retries resume mid-trial
         )
     )
     run_study(spec, RunOptions(results_dir=tmp / "results", progress=False))
@@ -216,7 +216,7 @@ def test_a_retry_resumes_from_the_epoch_its_checkpoint_really_holds(
             asha={"enabled": False},
             space={},
             fixed={"x": 0.9, "save_every": 2, "fail_once_at": 5},
-            faults={"max_failures": 1},
+            faults={"max_failures": 1, "checkpoint_every_s": 0},
         )
     )
     run_study(spec, RunOptions(results_dir=tmp_path / "results", progress=False))

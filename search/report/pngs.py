@@ -47,6 +47,7 @@ def start_pngs(study: optuna.Study, folder: Path) -> Callable[[], None]:
         return lambda: _draw(study, folder)  # at the wait, as the fallback does
     # Both the page and the PNGs plot importances: scikit-learn's import (2.4 s here), once.
     import optuna.importance  # noqa: F401
+
     child = multiprocessing.get_context("fork").Process(
         target=_child, args=(study, folder), name="search-pngs", daemon=True
     )

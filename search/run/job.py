@@ -31,6 +31,8 @@ class TrialJob:
         objectives: The other objectives of a multi-objective study (required the same way).
         num_threads: CPU threads each training process uses.
         checkpoints: Whether trials checkpoint each epoch (``faults.checkpoints``).
+        checkpoint_every_s: Least seconds of an attempt before its state becomes a Tune
+            checkpoint, and between two (``faults.checkpoint_every_s``).
         workers: Processes that train each trial data-parallel (:mod:`search.run.distributed`).
         extras: What every trial is told (:func:`trial_extras`).
     """
@@ -40,6 +42,7 @@ class TrialJob:
     metric: str = ""
     num_threads: int = 1
     checkpoints: bool = True
+    checkpoint_every_s: float = 30.0
     workers: int = 1
     extras: Mapping[str, Any] = field(default_factory=dict)
     objectives: tuple[str, ...] = ()
@@ -87,6 +90,7 @@ def trial_job(spec: StudySpec, data: Any, placement: Placement | None = None) ->
         spec.primary.metric,
         placement.num_threads,
         checkpoints=spec.faults.checkpoints,
+        checkpoint_every_s=spec.faults.checkpoint_every_s,
         workers=placement.workers,
         extras=trial_extras(spec, data, placement),
         objectives=_others(spec),

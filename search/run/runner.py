@@ -318,7 +318,7 @@ def _tuner(
             # Tune snapshots the whole experiment (every trial's state, as JSON) each time one
             # trial has made num_to_keep checkpoints since the last snapshot: with 1 that is
             # every checkpoint, a cost that grows with the trials. The worker checkpoints at
-            # most every CHECKPOINT_EVERY_S, so with 2 the periodic snapshot comes first.
+            # most every faults.checkpoint_every_s, so with 2 the periodic snapshot comes first.
             checkpoint_config=tune.CheckpointConfig(num_to_keep=2),
         ),
     )

@@ -182,6 +182,7 @@ class FaultsSpec(_Strict):
 
     max_failures: int = Field(2, ge=0)
     checkpoints: bool = True
+    checkpoint_every_s: float = Field(30.0, ge=0)
 
 
 class StudySpec(_Strict):
