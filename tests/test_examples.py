@@ -45,7 +45,7 @@ def test_an_example_runs_exports_and_trains_again(example: str, tmp_path: Path) 
         "run",
         spec,
         "--trials",
-        "3",
+        "2",
         "--max-epochs",
         "3",
         "--storage",

@@ -80,6 +80,22 @@ def test_report_holds_every_figure_and_opens_offline(ran: tuple) -> None:
         assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", name
 
 
+def test_the_pngs_are_drawn_here_when_their_process_fails(
+    ran: tuple, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from search.report import pngs
+
+    _, study, tmp, _ = ran
+
+    def broken(*args: object) -> None:
+        raise RuntimeError("the forked drawing died")
+
+    monkeypatch.setattr(pngs, "_child", broken)  # what the fork runs, not the fallback
+    folder = tmp / "fallback"
+    pngs.start_pngs(study, folder)()
+    assert (folder / "timeline.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
 def test_summary_counts_and_what_asha_saved(ran: tuple) -> None:
     _, study, _, _ = ran
     summary = summarize(study)

@@ -45,8 +45,14 @@ def start_pngs(study: optuna.Study, folder: Path) -> Callable[[], None]:
     """
     if "fork" not in multiprocessing.get_all_start_methods():
         return lambda: _draw(study, folder)  # at the wait, as the fallback does
-    # Both the page and the PNGs plot importances: scikit-learn's import (2.4 s here), once.
+    # Imported before the fork: both sides plot importances (scikit-learn's import, 2.4 s here,
+    # once), and a child never imports while another thread of a parent might hold the lock.
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot  # noqa: F401
     import optuna.importance  # noqa: F401
+    import optuna.visualization.matplotlib  # noqa: F401
 
     child = multiprocessing.get_context("fork").Process(
         target=_child, args=(study, folder), name="search-pngs", daemon=True
