@@ -53,7 +53,9 @@ class TrialContext:
         num_threads: CPU threads the trial may use (its share of the machine).
         device: ``"cuda"`` when Ray gave the trial a GPU, else ``"cpu"``.
         trial_number: The Optuna trial number (0 for a run outside a study).
-        trial_dir: A folder the trial may write into (profiles, artifacts).
+        trial_dir: A folder the trial may write into (profiles, artifacts). A retry may
+            start in a fresh one: state that must survive a retry goes into
+            ``checkpoint_dir``.
         extras: Free-form options for the trainable's own use; the framework reads none.
         checkpoint_dir: When set, a folder the trainable should write its state into (model,
             optimizer, scheduler; overwriting) just before each ``yield``. The framework turns
