@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +25,16 @@ def _plain(trial: optuna.trial.FrozenTrial) -> dict[str, Any]:
     fields = dict(vars(trial))
     fields["intermediate_values"] = {k: fix(v) for k, v in trial.intermediate_values.items()}
     return fields
+
+
+@pytest.fixture
+def new_york(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """A local time zone other than UTC: stored UTC times must come back as local ones."""
+    monkeypatch.setenv("TZ", "America/New_York")
+    time.tzset()
+    yield
+    monkeypatch.undo()
+    time.tzset()
 
 
 def _fill(url: str) -> tuple[optuna.storages.RDBStorage, int]:
@@ -65,6 +77,7 @@ def _fill(url: str) -> tuple[optuna.storages.RDBStorage, int]:
         (None, set(), 6),
     ],
 )
+@pytest.mark.usefixtures("new_york")
 def test_the_bulk_read_equals_optunas_read(
     tmp_path: Path, states: Any, included: set[int], greater: int
 ) -> None:
