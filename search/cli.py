@@ -12,10 +12,11 @@ from __future__ import annotations
 import atexit
 import contextlib
 import functools
+import gc
 import os
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn, TypeVar
 
@@ -115,15 +116,11 @@ def run(
         source=str(spec),
     )
     summary = run_study(parsed, options)
-    # Ray's shutdown (its processes stopped one by one, a second or more) overlaps the
-    # results and the report, which need only the study.
-    stopping = threading.Thread(target=_stop_ray, name="search-ray-stop", daemon=True)
-    stopping.start()
-    done = load_study(parsed.study, parsed.storage)
-    folder = write_results(done, parsed, results)
-    print_summary(console, done, summary, folder)
-    _report_after_run(done, results)
-    stopping.join()
+    with ray_stopping_behind():  # the results and the report need only the study
+        done = load_study(parsed.study, parsed.storage)
+        folder = write_results(done, parsed, results)
+        print_summary(console, done, summary, folder)
+        _report_after_run(done, results)
     if summary.stopped_early:
         typer.echo(
             f"error: {summary.stopped_early}; fix it and run again (the run stopped "
@@ -197,10 +194,27 @@ def dashboard(
     serve(storage, host, port, results)
 
 
-def _stop_ray() -> None:
+@contextlib.contextmanager
+def ray_stopping_behind() -> Iterator[None]:
+    """Shuts Ray down in a thread (its processes stop one by one, a second or more) while
+    the body runs, and waits for it at the end.
+
+    Ray's objects (an ``ObjectRef``, an actor handle) call into Ray's core when they are
+    freed, and one freed while Ray shuts down ends the process at once (exit status 1, "The
+    core worker has already been shutdown"). So the garbage Tune left in reference cycles is
+    collected first, while Ray is up, and the cycle collector stays off until Ray is down:
+    the body drops no Ray object of its own."""
     import ray
 
-    ray.shutdown()
+    gc.collect()
+    gc.disable()
+    stopping = threading.Thread(target=ray.shutdown, name="search-ray-stop", daemon=True)
+    stopping.start()
+    try:
+        yield
+    finally:
+        stopping.join()
+        gc.enable()
 
 
 def _report_after_run(study: optuna.Study, results: Path) -> None:
