@@ -181,3 +181,49 @@ def test_queued_writes_commit_together_and_a_bad_one_spoils_only_itself(
     assert stored[0].intermediate_values == {e: pytest.approx(0.1 * e) for e in range(1, 6)}
     assert stored[0].user_attrs == {"gate": 0, "epochs": 5}
     assert stored[0].state == TrialState.COMPLETE and stored[1].state == TrialState.RUNNING
+
+
+def test_parameters_are_queued_and_a_clashing_one_fails_its_trial(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from search.record import writeback
+
+    study, storage, url = _pair(tmp_path)
+    first = study.ask()
+    first.suggest_float("lr", 1e-4, 1e-1, log=True)
+    study.tell(first, 0.5)  # the study now knows lr as a float
+    gate, holding = threading.Event(), threading.Event()
+    together = writeback.write_together
+
+    def held(inner: object, writes: list) -> bool:  # the writer waits: what follows queues
+        holding.set()
+        gate.wait(10)
+        return together(inner, writes)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(writeback, "write_together", held)
+    trial = study.ask()
+    trial.set_user_attr("gate", 0)
+    holding.wait(10)
+    params = {
+        "lr": trial.suggest_float("lr", 1e-4, 1e-1, log=True),
+        "batch": trial.suggest_categorical("batch", [32, 64]),
+        "layers": trial.suggest_int("layers", 1, 4),
+    }
+    stored = optuna.load_study(study_name="w", storage=url).trials[1]
+    assert stored.params == {}  # queued, not committed at ask
+    assert storage.get_trial(trial._trial_id).params == params  # the driver reads them
+    gate.set()
+    storage.flush()
+    stored = optuna.load_study(study_name="w", storage=url).trials[1]
+    assert stored.params == params
+    assert stored.distributions == storage.get_trial(trial._trial_id).distributions
+
+    clash = study.ask()  # lr as a category: the storage refuses it, and the trial's tell fails
+    clash.suggest_categorical("lr", ["a", "b"])
+    with pytest.raises(RuntimeError, match="earlier write"):
+        study.tell(clash, 1.0)
+    study.tell(trial, 1.0)
+    with pytest.raises(RuntimeError, match="study write"):
+        storage.close()
+    states = [t.state for t in optuna.load_study(study_name="w", storage=url).trials]
+    assert states == [TrialState.COMPLETE, TrialState.COMPLETE, TrialState.RUNNING]

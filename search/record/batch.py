@@ -1,8 +1,8 @@
 """Several trial writes in one database transaction, and SQLite commits that do not wait for
 the disk.
 
-Optuna's RDB storage commits each ``set_trial_user_attr``, ``set_trial_system_attr`` and
-``set_trial_intermediate_value`` on its own: on SQLite that is one transaction (and one lock of
+Optuna's RDB storage commits each ``set_trial_param``, ``set_trial_user_attr``,
+``set_trial_system_attr`` and ``set_trial_intermediate_value`` on its own: on SQLite that is one transaction (and one lock of
 the database file) per write. The write-behind queue (:mod:`search.record.writeback`) gathers
 the writes made while the previous ones were committed; this module commits them together,
 with the same per-write code Optuna runs (its ``_without_commit`` helpers), so what is stored
@@ -46,6 +46,8 @@ def write_together(storage: BaseStorage, writes: Sequence[Write]) -> bool:
         for trial_id, method, args in writes:
             if method == "set_trial_intermediate_value":
                 backend._set_trial_intermediate_value_without_commit(session, trial_id, *args)
+            elif method == "set_trial_param":
+                backend._set_trial_param_without_commit(session, trial_id, *args)
             elif method in attr_models:
                 backend._set_trial_attr_without_commit(
                     session, attr_models[method], trial_id, *args
@@ -66,6 +68,7 @@ def _has_helpers(backend: Any) -> bool:
             "scoped_session",
             "_set_trial_intermediate_value_without_commit",
             "_set_trial_attr_without_commit",
+            "_set_trial_param_without_commit",
         )
     )
 
