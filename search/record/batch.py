@@ -2,13 +2,14 @@
 the disk.
 
 Optuna's RDB storage commits each ``set_trial_param``, ``set_trial_user_attr``,
-``set_trial_system_attr`` and ``set_trial_intermediate_value`` on its own: on SQLite that is one transaction (and one lock of
-the database file) per write. The write-behind queue (:mod:`search.record.writeback`) gathers
-the writes made while the previous ones were committed; this module commits them together,
-with the same per-write code Optuna runs (its ``_without_commit`` helpers), so what is stored
-is what the writes made one by one would store. It relies on those private helpers because
-Optuna offers no public batch write; :func:`write_together` says ``False`` when the storage is
-not an RDB storage or the helpers are gone, and the caller then writes one by one.
+``set_trial_system_attr`` and ``set_trial_intermediate_value`` on its own: on SQLite that is
+one transaction (and one lock of the database file) per write. The write-behind queue
+(:mod:`search.record.writeback`) gathers the writes made while the previous ones were
+committed; this module commits them together, with the same per-write code Optuna runs (its
+``_without_commit`` helpers), so what is stored is what the writes made one by one would
+store. It relies on those private helpers because Optuna offers no public batch write;
+:func:`write_together` says ``False`` when the storage is not an RDB storage or the helpers
+are gone, and the caller then writes one by one.
 """
 
 from __future__ import annotations

@@ -299,7 +299,6 @@ class WriteBehindStorage(BaseStorage):
             self._mine[trial_id] = study_id
         return trial_id
 
-
     def get_trial_id_from_study_id_trial_number(self, study_id: int, trial_number: int) -> int:
         return self.inner.get_trial_id_from_study_id_trial_number(study_id, trial_number)
 
