@@ -66,3 +66,26 @@ def test_a_big_study_is_modelled_on_at_most_the_limit(monkeypatch: pytest.Monkey
     assert max(seen) == 30 and len(study.trials) == 80
     best = study.best_value
     assert best < 0.5  # still optimizes: x near 1 with kind b
+
+
+def test_the_constant_liars_fresh_reads_are_bounded_and_see_the_running(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    picks: list[tuple[bool, int, set[int]]] = []  # (fresh read, trials read, numbers kept)
+    real = history._Bounded._pick
+
+    def spy(self: history._Bounded, trials: list, states: object, fresh: bool) -> list:
+        out = real(self, trials, states, fresh)  # type: ignore[arg-type]
+        picks.append((fresh, len(trials), {t.number for t in out}))
+        return out
+
+    monkeypatch.setattr(history._Bounded, "_pick", spy)
+    sampler = BoundedTPESampler(seed=0, history_limit=30, constant_liar=True, n_startup_trials=5)
+    study = optuna.create_study(sampler=sampler)
+    study.optimize(_objective, n_trials=60)
+    running = [study.ask() for _ in range(3)]  # parallel asks, each sampled while others run
+    for trial in running:
+        _objective(trial)
+    fresh = [(read, kept) for is_fresh, read, kept in picks if is_fresh and read > 30]
+    assert fresh and max(len(kept) for _, kept in fresh) <= 30 + len(running)
+    assert {t.number for t in running} <= fresh[-1][1]  # the liar sees every running trial

@@ -102,14 +102,20 @@ class _Bounded(_Reads):
         self, trials: list[FrozenTrial], states: Container[TrialState] | None, fresh: bool
     ) -> list[FrozenTrial]:
         snapshot = getattr(self._study._thread_local, "cached_all_trials", None)
-        if fresh or snapshot is None:
+        if snapshot is None or (fresh and len(trials) <= self._limit):
             return bounded(trials, self._study.directions, self._limit)
         # One ask reads the study's per-ask snapshot of its trials several times (Optuna's
         # ``use_cache``): bound the snapshot once, then pick the states asked for.
         if self._memo.get("snapshot") is not snapshot:
+            kept = bounded(snapshot, self._study.directions, self._limit)
             self._memo["snapshot"] = snapshot  # held, so its id is not reused meanwhile
-            self._memo["bounded"] = bounded(snapshot, self._study.directions, self._limit)
-        kept: list[FrozenTrial] = self._memo["bounded"]
+            self._memo["bounded"] = kept
+            self._memo["numbers"] = {t.number for t in kept}
+        if fresh:  # the constant liar's own reads, once per parameter group: the same trials,
+            # and any trial running since the snapshot (one bounding pass per ask, not three)
+            numbers = self._memo["numbers"]
+            return [t for t in trials if t.number in numbers or t.state == TrialState.RUNNING]
+        kept = self._memo["bounded"]
         return [t for t in kept if states is None or t.state in states]
 
 
