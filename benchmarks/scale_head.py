@@ -8,6 +8,7 @@ Every contender then joins it as a driver at :attr:`Head.address` with ``RAY_AUT
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import secrets
 import shutil
@@ -18,6 +19,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from search.run.cluster import NO_PRESTART
 
 REPO = Path(__file__).resolve().parents[1]
 RAY_ENV = {
@@ -83,6 +86,10 @@ class Head:
             f"--temp-dir={self._temp}",
             "--include-dashboard=false",
             "--disable-usage-stats",
+            # No idle workers prestarted (as a run's own Ray, search/run/cluster.py): by
+            # default the head prestarts one per logical CPU for the first driver to join, 64
+            # Python processes started on 2 cores, charged to whichever contender runs first.
+            f"--system-config={json.dumps(NO_PRESTART)}",
         ]
         self._proc = subprocess.Popen(
             cmd,

@@ -22,7 +22,9 @@ _RAY_ENV = {
 }
 
 
-_NO_PRESTART = {"enable_worker_prestart": False, "prestart_worker_first_driver": False}
+NO_PRESTART = {"enable_worker_prestart": False, "prestart_worker_first_driver": False}
+"""Ray's settings for no idle workers started ahead of demand: trials run in actors, which
+never take a prestarted worker (Ray would start one per CPU for the first driver)."""
 
 NUM_CPUS_ENV = "SEARCH_NUM_CPUS"
 NUM_GPUS_ENV = "SEARCH_NUM_GPUS"
@@ -71,7 +73,7 @@ def init_ray(address: str | None, num_cpus: int | None = None, num_gpus: int | N
         # Ray starts one idle Python worker per CPU for tasks, but Tune runs every trial in an
         # actor, and actors never take those workers: on a 2-core machine they cost 2 CPU-s
         # while the first trials start, on a 64-CPU node 64 processes that do nothing.
-        _system_config=None if address else _NO_PRESTART,
+        _system_config=None if address else NO_PRESTART,
     )
 
 
