@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from datetime import datetime
 from pathlib import Path
 
 import optuna
@@ -227,3 +228,43 @@ def test_parameters_are_queued_and_a_clashing_one_fails_its_trial(
         storage.close()
     states = [t.state for t in optuna.load_study(study_name="w", storage=url).trials]
     assert states == [TrialState.COMPLETE, TrialState.COMPLETE, TrialState.RUNNING]
+
+
+def test_a_trial_asked_and_told_here_is_never_read_back(tmp_path: Path) -> None:
+    study, storage, url = _pair(tmp_path)
+    reads: list[int] = []
+    real = storage.inner.get_trial
+
+    def counted(trial_id: int) -> optuna.trial.FrozenTrial:
+        reads.append(trial_id)
+        return real(trial_id)
+
+    storage.inner.get_trial = counted  # type: ignore[method-assign]
+    template = optuna.trial.FrozenTrial(
+        number=-1,
+        state=TrialState.RUNNING,
+        value=None,
+        datetime_start=datetime.now(),
+        datetime_complete=None,
+        params={},
+        distributions={},
+        user_attrs={"driver": "d"},
+        system_attrs={},
+        intermediate_values={},
+        trial_id=-1,
+    )
+    for i in range(3):  # as the bridge asks: the trial is born RUNNING from a template
+        trial = optuna.Trial(study, storage.create_new_trial(study._study_id, template))
+        trial.suggest_float("x", 0.0, 1.0)
+        trial.report(0.5, 1)
+        told = study.tell(trial, float(i))
+        assert (told.number, told.state, told.user_attrs) == (
+            i,
+            TrialState.COMPLETE,
+            {"driver": "d"},
+        )
+    assert reads == []
+    seen = [_essence(t) for t in study.get_trials()]
+    storage.close()
+    stored = optuna.load_study(study_name="w", storage=url).get_trials()
+    assert [_essence(t) for t in stored] == seen

@@ -294,10 +294,22 @@ class WriteBehindStorage(BaseStorage):
 
     def create_new_trial(self, study_id: int, template_trial: FrozenTrial | None = None) -> int:
         trial_id = self.inner.create_new_trial(study_id, template_trial)
+        born = self._born(trial_id, template_trial)
         with self._lock:
-            self._own[trial_id] = None  # fetched once, on first read
+            self._own[trial_id] = born  # None: fetched once, on first read
             self._mine[trial_id] = study_id
         return trial_id
+
+    def _born(self, trial_id: int, template: FrozenTrial | None) -> FrozenTrial | None:
+        """The trial just created from ``template``, as stored, without reading it back: the
+        template with its id and number (from Optuna's cache, which assigned it); ``None``
+        without a template or that cache."""
+        numbers = getattr(self.inner, "_trial_id_to_study_id_and_number", None)
+        if template is None or not isinstance(numbers, dict) or trial_id not in numbers:
+            return None
+        born = copy.deepcopy(template)
+        born.number, born._trial_id = numbers[trial_id][1], trial_id
+        return born
 
     def get_trial_id_from_study_id_trial_number(self, study_id: int, trial_number: int) -> int:
         return self.inner.get_trial_id_from_study_id_trial_number(study_id, trial_number)
@@ -313,6 +325,9 @@ class WriteBehindStorage(BaseStorage):
         with self._lock:
             own = trial_id in self._own
             local = self._own.get(trial_id)
+            told = self._told.get(trial_id)
+        if told is not None and trial_id not in pending:  # as told here: ``tell`` reads it
+            return told, True
         if local is None:
             local = self.inner.get_trial(trial_id)
             if not own or local.state.is_finished() or trial_id in pending:
