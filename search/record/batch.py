@@ -19,6 +19,8 @@ from typing import Any
 
 from optuna.storages import BaseStorage, RDBStorage
 
+from search.record.storage import rdb_backend
+
 Write = tuple[int, str, tuple[Any, ...]]
 """One queued write: ``(trial_id, storage method name, its arguments after trial_id)``."""
 
@@ -33,7 +35,7 @@ def write_together(storage: BaseStorage, writes: Sequence[Write]) -> bool:
         ...                                                    ("k", 1))])
         False
     """
-    backend = getattr(storage, "_backend", storage)  # Optuna wraps RDBStorage in a cache
+    backend = rdb_backend(storage)
     if not isinstance(backend, RDBStorage) or not _has_helpers(backend):
         return False
     from optuna.storages._rdb import models
@@ -78,7 +80,7 @@ def relax_sqlite_sync(storage: BaseStorage) -> None:
     """``PRAGMA synchronous=NORMAL`` on every connection of a SQLite RDB storage: in WAL mode a
     commit then no longer waits for the disk; a crash of the process loses nothing committed,
     a power loss may lose the last commits (the trade :mod:`search.record.writeback` makes)."""
-    backend = getattr(storage, "_backend", storage)  # Optuna wraps RDBStorage in a cache
+    backend = rdb_backend(storage)
     engine = getattr(backend, "engine", None)
     if engine is None or engine.dialect.name != "sqlite":
         return

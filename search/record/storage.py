@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import re
 from pathlib import Path
+from typing import Any
 from urllib.parse import quote
 
 import optuna
@@ -92,3 +93,15 @@ def open_storage(url: str) -> optuna.storages.BaseStorage:
     with storage.engine.connect() as conn:  # WAL: readers and the writer no longer block
         conn.exec_driver_sql("PRAGMA journal_mode=WAL")
     return storage
+
+
+def rdb_backend(storage: optuna.storages.BaseStorage) -> Any:
+    """The storage under Optuna's cache (``load_study`` and ``create_study`` wrap an RDB
+    storage in one): what holds the SQLAlchemy engine. ``storage`` itself when uncached.
+
+    Example:
+        >>> memory = optuna.storages.InMemoryStorage()
+        >>> rdb_backend(memory) is memory
+        True
+    """
+    return getattr(storage, "_backend", storage)

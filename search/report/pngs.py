@@ -16,6 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from search.record.storage import rdb_backend
 from search.report.figures import (
     LABEL,
     MO_CURVES,
@@ -69,8 +70,7 @@ def start_pngs(study: optuna.Study, folder: Path) -> Callable[[], None]:
 
 
 def _child(study: optuna.Study, folder: Path) -> None:
-    storage = study._storage
-    engine = getattr(getattr(storage, "_backend", storage), "engine", None)
+    engine = getattr(rdb_backend(study._storage), "engine", None)
     if engine is not None:  # the parent's connections stay the parent's
         engine.dispose(close=False)
     _draw(study, folder)
