@@ -31,6 +31,7 @@ import argparse
 import csv
 import json
 import os
+import random
 import statistics
 import subprocess
 import sys
@@ -230,8 +231,13 @@ def _searcher(spec: Any, seed: int, tpe: bool) -> Any:
 
     from search.spec.space import sample
 
-    def space(trial: Any) -> None:
+    seeds = random.Random(seed)
+
+    def space(trial: Any) -> dict[str, int]:
         sample(trial, spec.space)
+        # A define-by-run space returns the constants of the trial's config: its seed (in
+        # Tune's param_space, a sampled seed would clash with the searcher's own space).
+        return {"seed": seeds.randrange(2**31 - 1)}
 
     return OptunaSearch(
         space=space,
@@ -270,7 +276,7 @@ def _ray_asha(
         domains = {} if tpe else _tune_domains(spec.space)
         tune.Tuner(
             trainable,
-            param_space={**domains, "seed": tune.randint(0, 2**31 - 1)},
+            param_space={} if tpe else {**domains, "seed": tune.randint(0, 2**31 - 1)},
             tune_config=tune.TuneConfig(
                 metric=None if tpe else "val_accuracy",
                 mode=None if tpe else "max",
