@@ -220,6 +220,22 @@ def _tune_trial(config: dict, space: dict, fixed: dict, epochs: int, data: Any) 
         tune.report(metrics)
 
 
+class _DefineByRun:
+    """Stock Ray Tune's TPE space: the spec's space sampled define-by-run (conditions too),
+    and the trial's seed as a constant of its config (in Tune's ``param_space`` a sampled
+    seed would clash with the searcher's own space). A class, not a closure: Tune pickles
+    the searcher."""
+
+    def __init__(self, space: Any, seed: int) -> None:
+        self.space, self.seeds = space, random.Random(seed)
+
+    def __call__(self, trial: Any) -> dict[str, int]:
+        from search.spec.space import sample
+
+        sample(trial, self.space)
+        return {"seed": self.seeds.randrange(2**31 - 1)}
+
+
 def _searcher(spec: Any, seed: int, tpe: bool) -> Any:
     """Random search, or OptunaSearch TPE on the space as it is (conditions too: define-by-run)."""
     if not tpe:
@@ -229,18 +245,8 @@ def _searcher(spec: Any, seed: int, tpe: bool) -> Any:
     import optuna
     from ray.tune.search.optuna import OptunaSearch
 
-    from search.spec.space import sample
-
-    seeds = random.Random(seed)
-
-    def space(trial: Any) -> dict[str, int]:
-        sample(trial, spec.space)
-        # A define-by-run space returns the constants of the trial's config: its seed (in
-        # Tune's param_space, a sampled seed would clash with the searcher's own space).
-        return {"seed": seeds.randrange(2**31 - 1)}
-
     return OptunaSearch(
-        space=space,
+        space=_DefineByRun(spec.space, seed),
         metric="val_accuracy",
         mode="max",
         sampler=optuna.samplers.TPESampler(seed=seed, multivariate=True, constant_liar=True),
