@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import threading
-from datetime import datetime
 from pathlib import Path
 
 import optuna
@@ -12,6 +11,7 @@ from optuna.trial import TrialState
 
 from search.record.storage import open_storage
 from search.record.writeback import WriteBehindStorage
+from search.run.bridge import running_template
 
 
 def _pair(tmp_path: Path) -> tuple[optuna.Study, WriteBehindStorage, str]:
@@ -240,19 +240,7 @@ def test_a_trial_asked_and_told_here_is_never_read_back(tmp_path: Path) -> None:
         return real(trial_id)
 
     storage.inner.get_trial = counted  # type: ignore[method-assign]
-    template = optuna.trial.FrozenTrial(
-        number=-1,
-        state=TrialState.RUNNING,
-        value=None,
-        datetime_start=datetime.now(),
-        datetime_complete=None,
-        params={},
-        distributions={},
-        user_attrs={"driver": "d"},
-        system_attrs={},
-        intermediate_values={},
-        trial_id=-1,
-    )
+    template = running_template("d")
     for i in range(3):  # as the bridge asks: the trial is born RUNNING from a template
         trial = optuna.Trial(study, storage.create_new_trial(study._study_id, template))
         trial.suggest_float("x", 0.0, 1.0)

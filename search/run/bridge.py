@@ -128,19 +128,7 @@ class OptunaBridge(Searcher):
         here enqueues trials, and a resume fails the WAITING ones a dead driver left."""
         study = self._study
         study._thread_local.cached_all_trials = None  # as ask: read the storage afresh
-        template = optuna.trial.FrozenTrial(
-            number=-1,
-            state=TrialState.RUNNING,
-            value=None,
-            datetime_start=datetime.now(),
-            datetime_complete=None,
-            params={},
-            distributions={},
-            user_attrs={"driver": self._driver},
-            system_attrs={},
-            intermediate_values={},
-            trial_id=-1,
-        )
+        template = running_template(self._driver)
         return optuna.Trial(study, study._storage.create_new_trial(study._study_id, template))
 
     def on_trial_result(self, trial_id: str, result: dict[str, Any]) -> None:
@@ -287,3 +275,25 @@ def _trial_error(trial: Trial) -> BaseException | None:
     except (OSError, EOFError, ValueError, AttributeError, ImportError):
         return None
     return error if isinstance(error, BaseException) else None
+
+
+def running_template(driver: str) -> optuna.trial.FrozenTrial:
+    """The template a trial is created from: RUNNING from now, with its driver's id.
+
+    Example:
+        >>> running_template("host/1a2b").state.name
+        'RUNNING'
+    """
+    return optuna.trial.FrozenTrial(
+        number=-1,
+        state=TrialState.RUNNING,
+        value=None,
+        datetime_start=datetime.now(),
+        datetime_complete=None,
+        params={},
+        distributions={},
+        user_attrs={"driver": driver},
+        system_attrs={},
+        intermediate_values={},
+        trial_id=-1,
+    )
