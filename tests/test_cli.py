@@ -223,3 +223,25 @@ def test_a_misspelled_trainable_function_exits_2_at_once(tmp_path: Path) -> None
         "'search.testing' has no function 'cruve'"
     ]
     assert not (tmp_path / "optuna.db").exists()
+
+
+def test_trials_leaves_a_parameter_a_trial_did_not_sample_blank() -> None:
+    from rich.console import Console
+
+    from search.report.console import print_trials
+
+    study = optuna.create_study(study_name="conditional")
+    sgd = {"optimizer": "sgd", "momentum": 0.9}
+    adam = {"optimizer": "adam"}
+    dists = {
+        "optimizer": optuna.distributions.CategoricalDistribution(["sgd", "adam"]),
+        "momentum": optuna.distributions.FloatDistribution(0.0, 0.99),
+    }
+    for params in (sgd, adam):
+        used = {k: dists[k] for k in params}
+        study.add_trial(optuna.trial.create_trial(params=params, distributions=used, value=0.5))
+    console = Console(record=True, width=200)
+    print_trials(console, study)
+    rows = [line for line in console.export_text().splitlines() if "COMPLETE" in line]
+    assert len(rows) == 2 and "0.9" in rows[0]
+    assert "adam" in rows[1] and "nan" not in rows[1].lower()
