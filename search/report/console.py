@@ -81,8 +81,9 @@ def print_trials(console: Console, study: optuna.Study, metrics: Sequence[str] =
         UnknownMetricError: When a named metric is not in the study (one line).
     """
     frame = trials_frame(study)
-    for column in [c for c in frame.columns if c.startswith("param_")]:  # a conditional one
-        # a trial did not sample is blank, not "nan" (a metric's NaN is a value: it stays)
+    # A conditional parameter a trial did not sample is blank, not "nan" (a metric's NaN is
+    # a value: it stays).
+    for column in [c for c in frame.columns if c.startswith("param_")]:
         frame[column] = frame[column].astype(object).where(frame[column].notna(), None)
     table = Table(title=f"{study.study_name}: {len(frame)} trials")
     known = [c.removeprefix("metric_") for c in frame.columns if c.startswith("metric_")]
