@@ -24,6 +24,9 @@ per reported epoch):
     python benchmarks/scale.py startup
     SCALE_PROFILE=/tmp/prof python benchmarks/scale.py bookkeeping --trials 300 --asha off
                                       # writes /tmp/prof.<contender>.<asha>, cProfile stats
+    git archive HEAD search | tar -x -C /tmp/before
+    SCALE_BEFORE=/tmp/before python benchmarks/scale.py bookkeeping --only before ours
+    SCALE_SEARCH_TREE=/tmp/before python benchmarks/scale.py growth   # growth of that tree
 """
 
 from __future__ import annotations
@@ -40,6 +43,8 @@ from typing import Any
 
 if __package__ in (None, ""):  # run as a script: the repository root holds ``benchmarks``
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+if os.environ.get("SCALE_SEARCH_TREE"):  # ``search`` from that tree (the "before" contender),
+    sys.path.insert(0, os.environ["SCALE_SEARCH_TREE"])  # ahead of this repository's own
 
 from benchmarks.scale_head import REPO, Head, driver_env  # noqa: E402
 
@@ -57,6 +62,7 @@ def _contender(name: str, job: Any) -> dict[str, Any]:
     env = driver_env()
     if name == "before":
         env["PYTHONPATH"] = f"{os.environ['SCALE_BEFORE']}{os.pathsep}{env['PYTHONPATH']}"
+        env["SCALE_SEARCH_TREE"] = os.environ["SCALE_BEFORE"]
     done = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, env=env)
     lines = [ln for ln in done.stdout.splitlines() if ln.startswith("RESULT ")]
     if done.returncode != 0 or not lines:
@@ -95,12 +101,16 @@ def bookkeeping(args: argparse.Namespace, head: Head, folder: str) -> None:
     ]
     rows = _side_by_side(jobs, args.only)
     print(f"\nbookkeeping: {args.trials} trials x 5 epochs x 0.2 s, 16 at once")
-    print(f"{'contender':<8} {'asha':>4} {'wall s':>8} {'ideal s':>8} {'x ideal':>8}  record")
+    print(
+        f"{'contender':<8} {'asha':>4} {'wall s':>8} {'ideal s':>8} {'x ideal':>8} "
+        f"{'actors':>6} {'drv cpu s':>9}  record"
+    )
     for row in rows:
         ratio = row["wall_s"] / row["ideal_s"]
         print(
             f"{row['contender']:<8} {int(row['asha']):>4} {row['wall_s']:>8.1f} "
-            f"{row['ideal_s']:>8.1f} {ratio:>8.2f}  {_truth_line(row)}"
+            f"{row['ideal_s']:>8.1f} {ratio:>8.2f} {row['actors']:>6} "
+            f"{row['driver_cpu_share'] * row['wall_s']:>9.1f}  {_truth_line(row)}"
         )
     _ratios(rows, "wall_s")
     _save("scale_bookkeeping.json", rows)

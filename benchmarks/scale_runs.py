@@ -41,9 +41,12 @@ class Job:
 
 
 class Tap(Callback):
-    """Counts each trial's results and how long after its send the driver got each."""
+    """Counts each trial's results and how long after its send the driver got each, and the
+    processes that ran trials (each a Ray actor: Tune reuses one for a new trial only when it
+    is cached at the moment the old trial stops)."""
 
     def __init__(self) -> None:
+        self.pids: set[int] = set()
         self.results: dict[str, int] = {}
         self.sent: dict[int, list[float]] = {}  # trial number -> send time of each epoch
         self.lags: list[float] = []
@@ -53,6 +56,7 @@ class Tap(Callback):
     ) -> None:
         if "sent_at" not in result:
             return
+        self.pids.add(int(result.get("worker_pid", 0)))
         self.results[trial.trial_id] = self.results.get(trial.trial_id, 0) + 1
         self.lags.append(time.time() - result["sent_at"])
         self.sent.setdefault(int(result["number"]), []).append(result["sent_at"])
@@ -231,6 +235,7 @@ def _summary(
         "epochs_reported": epochs,
         "results_per_s": round(sum(len(t.intermediate_values) for t in trials) / wall, 1),
         "driver_cpu_share": round(cpu / wall, 3),
+        "actors": len(tap.pids),
         "driver_lag_p50_s": _pct(tap.lags, 0.5),
         "driver_lag_p95_s": _pct(tap.lags, 0.95),
         "study_lag_p50_s": _pct(study_lags, 0.5),

@@ -67,6 +67,8 @@ def _instrument() -> None:
     _timed(schema, "with_overrides", "spec")
     _timed(preflight, "check_run", "preflight")
     _timed(runner, "init_ray", "ray start")
+    _timed(runner, "check_knobs", "knob check")
+    _timed(runner, "open_study", "study created")
     _timed(lease.StudyLease, "acquire", "study open")
     _timed(runner, "load_data", "data")
     run_study = runner.run_study
@@ -91,6 +93,7 @@ def probe(out: str, argv: list[str]) -> None:
         search.cli.app(argv, standalone_mode=False)
     finally:
         MARKS["exit"] = time.time()
+        MARKS["driver imported torch"] = float("torch" in sys.modules)
         Path(out).write_text(json.dumps(MARKS))
 
 
@@ -99,6 +102,8 @@ ORDER = (
     "cli import",
     "spec",
     "preflight",
+    "knob check",
+    "study created",
     "study open",
     "ray start",
     "data",
@@ -193,6 +198,7 @@ def main(args: argparse.Namespace) -> None:
     print(f"  of which the trainable's import (torch), cold, timed apart: {trainable:.2f} s")
     after = ours.get("exit", float("nan")) - ours.get("last result", float("nan"))
     print(f"  after its last result: {after:.2f} s to exit (tell, results, report, Ray shutdown)")
+    print(f"  the driver imported torch: {'yes' if ours.get('driver imported torch') else 'no'}")
 
 
 if __name__ == "__main__":

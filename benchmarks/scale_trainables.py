@@ -9,6 +9,7 @@ they add around it.
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -22,9 +23,15 @@ SENT_AT = "sent_at"
 
 
 def ticker(config: Mapping[str, Any], data: Any, ctx: TrialContext) -> Iterator[dict[str, float]]:
-    """:func:`search.testing.curve`, each epoch stamped with :data:`SENT_AT` and the trial."""
+    """:func:`search.testing.curve`, each epoch stamped with :data:`SENT_AT`, the trial and the
+    process it ran in."""
     for metrics in curve(config, data, ctx):
-        yield {**metrics, SENT_AT: time.time(), "number": float(ctx.trial_number)}
+        yield {
+            **metrics,
+            SENT_AT: time.time(),
+            "number": float(ctx.trial_number),
+            "worker_pid": float(os.getpid()),
+        }
 
 
 _WORK: dict[str, Any] = {}

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -62,3 +64,45 @@ def test_cli_refuses_a_misspelled_knob_before_starting(tmp_path: Path) -> None:
         and "fixed.chanels: torch_cnn has no knob 'chanels'" in proc.stderr
     )
     assert not (tmp_path / "optuna.db").exists()
+
+
+def _python(code: str) -> str:
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout.strip()
+
+
+def test_checking_a_builtins_knobs_imports_no_framework(tmp_path: Path) -> None:
+    spec_path = write_spec(
+        tmp_path / "s.yaml", base_spec(tmp_path, space={"lr": {"uniform": [0.001, 0.1]}})
+    )
+    code = f"""
+import sys
+from search.spec.knobs import KnobError, check_knobs
+from search.spec.schema import load_spec, with_overrides
+from search.contract import BUILTIN
+spec = load_spec({str(spec_path)!r})
+for name in sorted(BUILTIN):
+    check_knobs(with_overrides(spec, trainable=name))
+    try:
+        check_knobs(with_overrides(spec, trainable=name, fixed={{"chanels": 8}}))
+    except KnobError:
+        pass
+    else:
+        raise SystemExit(name + " took a misspelled knob")
+print(sorted(m for m in ("torch", "tensorflow", "keras") if m in sys.modules))
+"""
+    assert _python(code) == "[]"
+
+
+@pytest.mark.torch
+@pytest.mark.tf
+def test_each_builtins_knob_table_is_what_its_trainable_declares() -> None:
+    code = """
+import torch  # before TensorFlow (torchvision after TensorFlow segfaults here)
+from search.contract import BUILTIN, declarations, declared_defaults
+print(sorted(n for n in BUILTIN if declarations(n).defaults != declared_defaults(n)))
+"""
+    assert _python(code) == "[]"

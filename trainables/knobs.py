@@ -2,7 +2,8 @@
 
 One definition for both frameworks keeps the names, defaults and choices identical: a space
 written for ``torch_cnn`` runs as it is on ``tf_cnn``. Framework-free (no torch, no TF), so
-the driver's knob check (:mod:`search.spec.knobs`) stays cheap.
+the driver's knob check (:mod:`search.spec.knobs`) reads each built-in's knobs here
+(``search.contract.registry.BUILTIN_KNOBS``) without importing its framework.
 """
 
 from __future__ import annotations
@@ -35,6 +36,37 @@ COMMON_DEFAULTS: dict[str, Any] = {
 
 AUGMENT_DEFAULTS: dict[str, Any] = {"augment": 0.0, "hflip": False}
 """Knobs of the image trainables (augmentation strength in [0, 1], 0 = off)."""
+
+CNN_DEFAULTS: dict[str, Any] = {
+    **COMMON_DEFAULTS,
+    **AUGMENT_DEFAULTS,
+    "channels": 32,
+    "train_fraction": 1.0,
+}
+"""Every knob ``torch_cnn`` and ``tf_cnn`` read, with its default."""
+
+RNN_DEFAULTS: dict[str, Any] = {**COMMON_DEFAULTS, "cell": "gru", "hidden": 64}
+"""Every knob ``torch_rnn`` reads, with its default."""
+
+_TRANSFER: dict[str, Any] = {"freeze_backbone": True, "unfreeze_blocks": 0, "image_size": 32}
+
+TORCH_TRANSFER_DEFAULTS: dict[str, Any] = {
+    **COMMON_DEFAULTS,
+    **AUGMENT_DEFAULTS,
+    "backbone": "resnet18",
+    "weights_path": None,
+    **_TRANSFER,
+}
+"""Every knob ``torch_transfer`` reads, with its default."""
+
+TF_TRANSFER_DEFAULTS: dict[str, Any] = {
+    **COMMON_DEFAULTS,
+    **AUGMENT_DEFAULTS,
+    "backbone": "mobilenet_v3_small",
+    "weights_path": "",
+    **_TRANSFER,
+}
+"""Every knob ``tf_transfer`` reads, with its default."""
 
 CHOICES: dict[str, tuple[str, ...]] = {
     "optimizer": ("sgd", "adam", "adamw"),

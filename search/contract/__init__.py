@@ -33,6 +33,7 @@ from search.contract.registry import (
     UnknownTrainableError,
     check_trainable,
     declarations,
+    declared_defaults,
 )
 
 __all__ = [
@@ -52,6 +53,7 @@ __all__ = [
     "as_metrics",
     "check_trainable",
     "declarations",
+    "declared_defaults",
     "drive",
     "metric_problem",
     "nonfinite_reason",

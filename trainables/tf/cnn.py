@@ -30,17 +30,13 @@ from typing import Any
 import keras
 
 from search.contract import Dataset, Metrics, TrialContext, trainable
+from trainables.knobs import CNN_DEFAULTS
 from trainables.tf import common
 from trainables.tf import data as tfdata
 from trainables.tf.export import make_exporter
 from trainables.tf.loop import Fitted, fit_epochs
 
-DEFAULTS: dict[str, Any] = {
-    **common.COMMON_DEFAULTS,
-    **common.AUGMENT_DEFAULTS,
-    "channels": 32,
-    "train_fraction": 1.0,
-}
+DEFAULTS: dict[str, Any] = CNN_DEFAULTS  # framework-free: the driver reads them there
 """Every key :func:`train` reads, with its default."""
 
 

@@ -33,6 +33,7 @@ import numpy as np
 
 from search.contract import Dataset, Metrics, TrialContext, trainable
 from search.contract.dataset import load_digits
+from trainables.knobs import TF_TRANSFER_DEFAULTS
 from trainables.tf import common
 from trainables.tf import data as tfdata
 from trainables.tf.export import make_exporter
@@ -44,15 +45,7 @@ BACKBONES = {
 }
 """Backbone constructors by config name (built with ``weights=None``)."""
 
-DEFAULTS: dict[str, Any] = {
-    **common.COMMON_DEFAULTS,
-    **common.AUGMENT_DEFAULTS,
-    "backbone": "mobilenet_v3_small",
-    "weights_path": "",
-    "freeze_backbone": True,
-    "unfreeze_blocks": 0,
-    "image_size": 32,
-}
+DEFAULTS: dict[str, Any] = TF_TRANSFER_DEFAULTS  # framework-free: the driver reads them there
 """Every key :func:`train` reads, with its default."""
 
 CHOICES = {"backbone": tuple(BACKBONES)}

@@ -22,17 +22,13 @@ from typing import Any
 from torch import nn
 
 from search.contract import Dataset, Metrics, TrialContext, trainable
-from trainables.torch.common import AUGMENT_DEFAULTS, COMMON_DEFAULTS, setup
+from trainables.knobs import CNN_DEFAULTS
+from trainables.torch.common import setup
 from trainables.torch.data import Standardize, Tensors, load_data
 from trainables.torch.export import make_exporter
 from trainables.torch.loop import Fitted, fit_epochs
 
-DEFAULTS: dict[str, Any] = {
-    **COMMON_DEFAULTS,
-    **AUGMENT_DEFAULTS,
-    "channels": 32,
-    "train_fraction": 1.0,
-}
+DEFAULTS: dict[str, Any] = CNN_DEFAULTS  # framework-free: the driver reads them there
 """Every key :func:`train` reads, with its default."""
 
 

@@ -28,12 +28,13 @@ import torch
 from torch import nn
 
 from search.contract import Dataset, Metrics, TrialContext, trainable
-from trainables.torch.common import COMMON_DEFAULTS, setup
+from trainables.knobs import RNN_DEFAULTS
+from trainables.torch.common import setup
 from trainables.torch.data import load_data
 from trainables.torch.export import make_exporter
 from trainables.torch.loop import Fitted, fit_epochs
 
-DEFAULTS: dict[str, Any] = {**COMMON_DEFAULTS, "cell": "gru", "hidden": 64}
+DEFAULTS: dict[str, Any] = RNN_DEFAULTS  # framework-free: the driver reads them there
 """Every key :func:`train` reads, with its default."""
 CELL_CHOICES = {"cell": ("gru", "lstm")}
 

@@ -40,20 +40,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from search.contract import Dataset, Metrics, TrialContext, trainable
-from trainables.torch.common import AUGMENT_DEFAULTS, COMMON_DEFAULTS, read_config, setup
+from trainables.knobs import TORCH_TRANSFER_DEFAULTS
+from trainables.torch.common import read_config, setup
 from trainables.torch.data import Standardize, Tensors, load_data, to_tensors
 from trainables.torch.export import make_exporter
 from trainables.torch.loop import Fitted, fit_epochs
 
-DEFAULTS: dict[str, Any] = {
-    **COMMON_DEFAULTS,
-    **AUGMENT_DEFAULTS,
-    "backbone": "resnet18",
-    "weights_path": None,
-    "freeze_backbone": True,
-    "unfreeze_blocks": 0,
-    "image_size": 32,
-}
+DEFAULTS: dict[str, Any] = TORCH_TRANSFER_DEFAULTS  # framework-free: the driver reads them there
 """Every key :func:`train` reads, with its default."""
 BACKBONES = {"backbone": ("resnet18", "mobilenet_v3_small")}
 HEAD = {"resnet18": "fc", "mobilenet_v3_small": "classifier.3"}
