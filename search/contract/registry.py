@@ -139,7 +139,6 @@ def _parallel_mode(declared: Any) -> ParallelMode:
     return None
 
 
-@functools.cache
 def declared_defaults(name: str) -> Mapping[str, Any] | None:
     """The knobs ``name`` declares (knob -> default), ``None`` when it declares none; a
     built-in's from :data:`BUILTIN_KNOBS`, without importing its framework.
@@ -160,6 +159,7 @@ def declared_defaults(name: str) -> Mapping[str, Any] | None:
     return declarations(name).defaults
 
 
+@functools.cache
 def declarations(name: str) -> Declarations:
     """Imports ``name``'s module once and reads what its function declares.
 
