@@ -106,3 +106,20 @@ from search.contract import BUILTIN, declarations, declared_defaults
 print(sorted(n for n in BUILTIN if declarations(n).defaults != declared_defaults(n)))
 """
     assert _python(code) == "[]"
+
+
+def test_a_builtins_misspelled_knob_stops_the_run_before_ray_starts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from search.run import runner
+
+    def no_ray(address: object = None) -> None:
+        raise AssertionError("Ray was started")
+
+    monkeypatch.setattr(runner, "init_ray", no_ray)
+    spec = parse_spec(
+        base_spec(tmp_path, trainable="torch_cnn", space={"lrr": {"uniform": [0.001, 0.1]}})
+    )
+    with pytest.raises(KnobError, match="space.lrr: torch_cnn has no knob 'lrr'"):
+        runner.run_study(spec, runner.RunOptions(results_dir=tmp_path / "r", progress=False))
+    assert not (tmp_path / "optuna.db").exists()

@@ -29,6 +29,7 @@ from search.contract.driver import (
 from search.contract.inputs import write_inputs
 from search.contract.registry import (
     BUILTIN,
+    BUILTIN_KNOBS,
     Declarations,
     UnknownTrainableError,
     check_trainable,
@@ -38,6 +39,7 @@ from search.contract.registry import (
 
 __all__ = [
     "BUILTIN",
+    "BUILTIN_KNOBS",
     "ConfigError",
     "RESERVED_PREFIX",
     "Dataset",

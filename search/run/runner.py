@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from ray.tune.stopper import CombinedStopper
 
-from search.contract import declarations
+from search.contract import BUILTIN_KNOBS, declarations
 from search.record.lease import StudyLease, new_run_id
 from search.record.queries import EPOCHS_FILE, append_epochs, objective_curves, read_epochs
 from search.record.resume import earlier_curves, recover
@@ -158,12 +158,15 @@ def run_study(spec: StudySpec, options: RunOptions = RunOptions()) -> RunSummary
     )
 
 
-def _open(spec: StudySpec, options: RunOptions) -> tuple[optuna.Study, StudyLease]:
-    """Checks the spec's knobs against the trainable, then opens the study and takes its lease
-    (:mod:`search.record.lease`). The check imports the trainable's module, and its framework
-    (seconds for PyTorch or TensorFlow); a misspelled knob stops here, before the study
-    exists."""
-    check_knobs(spec, options.source)
+def _open(
+    spec: StudySpec, options: RunOptions, knobs: bool = True
+) -> tuple[optuna.Study, StudyLease]:
+    """Checks the spec's knobs against the trainable (unless ``knobs`` is False: checked
+    already), then opens the study and takes its lease (:mod:`search.record.lease`). The check
+    imports a user's trainable module, and its framework (seconds for PyTorch or TensorFlow); a
+    misspelled knob stops here, before the study exists."""
+    if knobs:
+        check_knobs(spec, options.source)
     study = open_study(spec, restart=options.restart, source=options.source)
     lease = StudyLease(spec.storage, spec.study, new_run_id())
     lease.acquire(options.takeover)
@@ -178,9 +181,12 @@ def _open_while_ray_starts(
     the digits' import of scikit-learn), and none needs another. Ray starts in the main
     thread, where it sets its SIGTERM handler. The data comes as a future: a loader's error
     surfaces in :func:`_fit`, once the lease is held (and released however the run ends)."""
+    builtin = spec.trainable in BUILTIN_KNOBS  # its knobs are read without an import:
+    if builtin:  # a misspelled one stops the run before Ray starts (seconds earlier)
+        check_knobs(spec, options.source)
     pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="search-start")
     try:
-        opening = pool.submit(_open, spec, options)
+        opening = pool.submit(_open, spec, options, not builtin)
         data = pool.submit(load_data, spec.data)
         try:
             init_ray(options.address)
