@@ -111,3 +111,32 @@ def test_a_driver_restarted_as_pid_1_again_takes_over_from_its_dead_self(url: st
             StudyLease(url, "s", "third").acquire()
     finally:
         _kill(second)
+
+
+def test_of_two_drivers_that_read_a_free_study_together_the_second_is_refused_at_once(
+    url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    settles: list[float] = []
+    real_sleep = time.sleep
+
+    def sleep(seconds: float) -> None:
+        if seconds == lease_module.SETTLE_S:
+            settles.append(seconds)
+        real_sleep(seconds)
+
+    monkeypatch.setattr(lease_module.time, "sleep", sleep)
+    first, second = StudyLease(url, "s", "first"), StudyLease(url, "s", "second")
+    stale, fresh = second.current(), second.current
+    reads: list[int] = []
+
+    def current() -> dict | None:  # its first read comes before the first driver writes
+        reads.append(1)
+        return stale if len(reads) == 1 else fresh()
+
+    monkeypatch.setattr(second, "current", current)
+    first.acquire()
+    with pytest.raises(StudyBusyError, match="was just taken by run first"):
+        second.acquire()
+    assert first.current()["run"] == "first"  # the second wrote nothing over it
+    assert settles == []  # a compare-and-set in one transaction: no settling wait
+    first.release()

@@ -14,13 +14,16 @@ boot id, the pid with its start time, and when it was last renewed. The holder r
   pid and start time: ``kill -9``, a container restarted with PID 1 again), and it was not
   renewed for two renewal periods.
 
-Taking a lease is write, wait :data:`SETTLE_S`, read back: of two drivers started together,
-the last writer keeps it and the other is refused.
+Taking a lease on an RDB storage (SQLite, PostgreSQL) is a compare-and-set in one
+transaction: the lease is written only if the stored one is still the one this driver read,
+so of two drivers started together the first writer keeps it and the other is refused at once.
+On other storages it is write, wait :data:`SETTLE_S`, read back: the last writer keeps it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import socket
@@ -31,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from search.errors import SearchError
-from search.record.storage import open_storage
+from search.record.storage import open_storage, rdb_backend
 
 _log = logging.getLogger(__name__)
 
@@ -147,10 +150,12 @@ class StudyLease:
                     "to finish, stop it, or pass --takeover if that driver is dead"
                 )
             _log.warning("taking study %r over from %s", self._name, describe(previous))
-        self._write()
-        time.sleep(SETTLE_S)
+        swapped = _swap(self._storage, self._study_id, previous, identity(self.run_id))
+        if swapped is None:  # not an RDB storage: write, let a racing driver write, read back
+            self._write()
+            time.sleep(SETTLE_S)
         now = self.current() or {}
-        if now.get("run") != self.run_id:
+        if not swapped and now.get("run") != self.run_id:
             raise StudyBusyError(
                 f"study {self._name!r} was just taken by {describe(now)}; "
                 "one driver runs a study at a time"
@@ -190,3 +195,44 @@ class StudyLease:
                 self._write()
             except Exception as exc:  # a storage hiccup: the next renewal may pass
                 _log.warning("renewing the study lease failed: %s", exc)
+
+
+def _swap(
+    storage: Any, study_id: int, expected: dict[str, Any] | None, value: dict[str, Any]
+) -> bool | None:
+    """Writes the lease ``value`` if the stored lease is still ``expected`` (``None``: no
+    lease), in one transaction: ``True`` when written, ``False`` when another driver wrote
+    first; ``None`` when ``storage`` is not an RDB storage (nothing written).
+
+    The write is a conditional ``UPDATE`` on the stored JSON (or an ``INSERT`` that the table's
+    unique ``(study_id, key)`` refuses to a second driver), atomic on SQLite and PostgreSQL
+    alike; Optuna has no conditional write, hence its table directly (as
+    :mod:`search.record.bulk` reads it)."""
+    from optuna.storages import RDBStorage
+
+    backend = rdb_backend(storage)
+    if not isinstance(backend, RDBStorage):
+        return None
+    import sqlalchemy as sa
+    from optuna.storages._rdb import models
+
+    table = models.StudyUserAttributeModel.__table__
+    mine = (table.c.study_id == study_id) & (table.c.key == LEASE_ATTR)
+    try:
+        with backend.engine.begin() as conn:
+            stored = conn.execute(sa.select(table.c.value_json).where(mine)).scalar()
+            now = json.loads(stored) if stored is not None else None
+            if (now if isinstance(now, dict) else None) != expected:
+                return False
+            if stored is None:
+                row = {"study_id": study_id, "key": LEASE_ATTR, "value_json": json.dumps(value)}
+                conn.execute(sa.insert(table).values(**row))
+                return True
+            done = conn.execute(
+                sa.update(table)
+                .where(mine & (table.c.value_json == stored))
+                .values(value_json=json.dumps(value))
+            )
+            return done.rowcount == 1
+    except sa.exc.IntegrityError:  # the other driver inserted the first lease
+        return False
