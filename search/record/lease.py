@@ -150,14 +150,14 @@ class StudyLease:
                     "to finish, stop it, or pass --takeover if that driver is dead"
                 )
             _log.warning("taking study %r over from %s", self._name, describe(previous))
-        swapped = _swap(self._storage, self._study_id, previous, identity(self.run_id))
-        if swapped is None:  # not an RDB storage: write, let a racing driver write, read back
+        taken = _swap(self._storage, self._study_id, previous, identity(self.run_id))
+        if taken is None:  # not an RDB storage: write, let a racing driver write, read back
             self._write()
             time.sleep(SETTLE_S)
-        now = self.current() or {}
-        if not swapped and now.get("run") != self.run_id:
+            taken = (self.current() or {}).get("run") == self.run_id
+        if not taken:
             raise StudyBusyError(
-                f"study {self._name!r} was just taken by {describe(now)}; "
+                f"study {self._name!r} was just taken by {describe(self.current() or {})}; "
                 "one driver runs a study at a time"
             )
         self._thread = threading.Thread(target=self._renew, name="search-lease", daemon=True)
