@@ -119,7 +119,8 @@ def main() -> None:
 
     from search.record.study import load_study
     from search.run.data import load_data
-    from search.run.runner import RunOptions, init_ray, place, run_study
+    from search.run.fit import place
+    from search.run.runner import RunOptions, init_ray, run_study
     from search.spec.schema import load_spec, with_overrides
 
     tmp = Path(tempfile.mkdtemp(prefix="gpu-check-"))

@@ -82,11 +82,7 @@ def run(
     ] = False,
 ) -> None:
     """Run a study: sample configs, train them as Ray Tune trials, record them in Optuna."""
-    from search.record.queries import write_results
-    from search.record.study import load_study
-    from search.report.console import print_summary
     from search.run.preflight import check_run
-    from search.run.runner import RunOptions, run_study
     from search.spec.schema import load_spec, with_overrides
 
     parsed = with_overrides(
@@ -100,13 +96,22 @@ def run(
             "sampler.seed": seed,
         },
     )
-    # Storage, data and the Ray cluster: one line and exit 2 now, not a hang or a traceback later.
+    # A built-in's knobs, storage, data and the Ray cluster: one line and exit 2 now, not a hang
+    # or a traceback later.
     check_run(
         parsed,
         address,
         storage_field="--storage" if storage else f"{spec}: storage",
         data_field=f"{spec}: data",
+        source=str(spec),
     )
+    # Ray Tune comes with the runner (over a second to import): after the checks, so a spec
+    # they refuse costs none of it.
+    from search.record.queries import write_results
+    from search.record.study import load_study
+    from search.report.console import print_summary
+    from search.run.runner import RunOptions, run_study
+
     options = RunOptions(
         results_dir=results,
         address=address,

@@ -123,3 +123,21 @@ def test_a_builtins_misspelled_knob_stops_the_run_before_ray_starts(
     with pytest.raises(KnobError, match="space.lrr: torch_cnn has no knob 'lrr'"):
         runner.run_study(spec, runner.RunOptions(results_dir=tmp_path / "r", progress=False))
     assert not (tmp_path / "optuna.db").exists()
+
+
+def test_run_refuses_a_builtins_misspelled_knob_before_importing_ray_tune(
+    tmp_path: Path,
+) -> None:
+    spec_path = write_spec(
+        tmp_path / "s.yaml",
+        base_spec(tmp_path, trainable="torch_cnn", space={"lrr": {"uniform": [0.001, 0.1]}}),
+    )
+    code = f"""
+import sys
+from search.cli import app
+status = app(["run", {str(spec_path)!r}], standalone_mode=False)
+print(status, sorted(m for m in ("ray.tune", "torch") if m in sys.modules))
+"""
+    # exit status 2, and neither Ray Tune (over a second to import) nor torch imported
+    assert _python(code) == "2 []"
+    assert not (tmp_path / "optuna.db").exists()

@@ -157,11 +157,11 @@ def test_queued_writes_commit_together_and_a_bad_one_spoils_only_itself(
     batches: list[int] = []
     together = writeback.write_together
 
-    def counted(inner: object, writes: list) -> bool:
+    def counted(inner: object, writes: list, known: object = None) -> bool:
         batches.append(len(writes))
         if len(batches) == 1:
             gate.wait(10)  # the next writes queue up behind the first transaction
-        return together(inner, writes)  # type: ignore[arg-type]
+        return together(inner, writes, known)  # type: ignore[arg-type]
 
     monkeypatch.setattr(writeback, "write_together", counted)
     gate = threading.Event()
@@ -196,10 +196,10 @@ def test_parameters_are_queued_and_a_clashing_one_fails_its_trial(
     gate, holding = threading.Event(), threading.Event()
     together = writeback.write_together
 
-    def held(inner: object, writes: list) -> bool:  # the writer waits: what follows queues
+    def held(inner: object, writes: list, known: object = None) -> bool:  # what follows queues
         holding.set()
         gate.wait(10)
-        return together(inner, writes)  # type: ignore[arg-type]
+        return together(inner, writes, known)  # type: ignore[arg-type]
 
     monkeypatch.setattr(writeback, "write_together", held)
     trial = study.ask()

@@ -42,7 +42,7 @@ from optuna.study import StudyDirection
 from optuna.study._frozen import FrozenStudy
 from optuna.trial import FrozenTrial, TrialState
 
-from search.record.batch import relax_sqlite_sync, write_together
+from search.record.batch import Known, relax_sqlite_sync, write_together
 
 _log = logging.getLogger(__name__)
 
@@ -88,6 +88,7 @@ class WriteBehindStorage(BaseStorage):
         self._mine: dict[int, int] = {}  # trial id -> study id, for trials created here
         self._told: dict[int, FrozenTrial] = {}  # created here, finished since the last view
         self._view: tuple[int, float, list[FrozenTrial], dict[int, int]] | None = None
+        self._known: Known = {}  # each parameter's distribution, read once (batch.py)
         relax_sqlite_sync(inner)
 
     # ---- the background writer -------------------------------------------------------------
@@ -119,7 +120,7 @@ class WriteBehindStorage(BaseStorage):
         """Commits the queued ``items`` together (:mod:`search.record.batch`), or one by one
         when the storage cannot or the batch failed, to find the writes that fail."""
         try:
-            together = write_together(self.inner, [item[1:] for item in items])
+            together = write_together(self.inner, [item[1:] for item in items], self._known)
         except Exception:  # one of them fails: one by one tells which
             together = False
         for seq, trial_id, method, args in items:

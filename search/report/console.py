@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     import optuna
     from rich.console import Console
 
-    from search.run.runner import RunSummary
+    from search.run.options import RunSummary
 
 
 def _fmt(value: object) -> str:

@@ -23,10 +23,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from search.contract import BUILTIN_KNOBS
 from search.errors import SearchError
 from search.record.storage import expand, redact, with_driver
 from search.run.cluster import init_ray, use_cluster_token
 from search.run.data import DataError, loader_function
+from search.spec.knobs import check_knobs
 
 if TYPE_CHECKING:
     from search.spec.schema import StudySpec
@@ -254,11 +256,18 @@ def join_ray(address: str) -> None:
 
 
 def check_run(
-    spec: StudySpec, address: str | None, storage_field: str = "storage", data_field: str = "data"
+    spec: StudySpec,
+    address: str | None,
+    storage_field: str = "storage",
+    data_field: str = "data",
+    source: str = "spec",
 ) -> None:
     """The checks ``run`` makes before it starts Ray; joins the cluster when ``address`` is
-    given (so a refused token also fails here, in one line). The knobs are checked while Ray
-    starts (:func:`search.run.runner.run_study`): that check imports the trainable."""
+    given (so a refused token also fails here, in one line). A built-in's knobs are checked
+    here, which imports nothing; a user trainable's while Ray starts
+    (:func:`search.run.runner.run_study`), since that check imports its module."""
+    if spec.trainable in BUILTIN_KNOBS:
+        check_knobs(spec, source)
     check_data(spec, data_field)
     check_storage(spec.storage, storage_field)
     check_ray_address(address)

@@ -1,0 +1,214 @@
+"""Runs a study's trials through Ray Tune, once the study is open and Ray is up.
+
+:func:`fit` wires the bridge, the scheduler, the stoppers and our callbacks into a Tune
+``Tuner`` and runs it. This module imports Ray Tune (over a second here), and with it
+:mod:`search.run.runner`: the CLI imports them once its preflight passed
+(:func:`search.run.preflight.check_run`).
+
+Data flow of one trial: the bridge asks the study for a trial and samples the space on it;
+Ray starts (or reuses) an actor that runs :func:`search.run.worker.run_trial`; every epoch the
+trainable yields becomes one Tune report; ASHA reads it and may stop the trial; the bridge
+records it as an intermediate value; when the trial ends the bridge tells the study its fate.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+from ray.tune.stopper import CombinedStopper
+
+from search.contract import declarations
+from search.record.queries import EPOCHS_FILE, append_epochs, objective_curves, read_epochs
+from search.record.resume import earlier_curves
+from search.record.writeback import WriteBehindStorage
+from search.run.bridge import ErrorCallback, OptunaBridge
+from search.run.budget import BUDGET_CAUSE, DeviceBudget, budget_for, spent_before
+from search.run.cluster import init_ray
+from search.run.gpu_memory import OOM_RETRIES, OomRetry, measure
+from search.run.job import trial_extras, trial_job
+from search.run.moasha import MultiObjectiveASHA
+from search.run.placement import Placement, resolve
+from search.run.progress import ProgressCallback
+from search.run.scheduler import PruneReportingASHA, build_scheduler
+from search.run.stopping import FIRST, FailFast, RunStopper
+from search.run.worker import run_trial
+from search.spec.derive import asha_milestones
+
+if TYPE_CHECKING:
+    import optuna
+    from ray.tune import Callback, Stopper
+
+    from search.contract import Dataset
+    from search.run.options import RunOptions
+    from search.spec.schema import StudySpec
+
+
+def fit(
+    spec: StudySpec,
+    options: RunOptions,
+    study: optuna.Study,
+    run_id: str,
+    budget: int,
+    data: Dataset,
+) -> tuple[dict[int, str], str | None, tuple[float, float, str] | None]:
+    """Runs ``budget`` trials through Ray Tune; returns each one's number and final state, why
+    the run stopped early (``None`` when it did not), and the device-hours spent against the
+    spec's device budget (``None`` without one)."""
+    import optuna
+
+    init_ray(options.address)
+    # Trial writes (attributes, intermediate values, final state) leave Tune's loop: a
+    # background thread commits them in order (search/record/writeback.py).
+    storage = WriteBehindStorage(study._storage)
+    study = optuna.Study(study_name=spec.study, storage=storage, sampler=study.sampler)
+    if options.verbose == 0:  # trial errors reach the study and the console as one line each
+        logging.getLogger("ray.tune").setLevel(logging.CRITICAL)
+    placement = place(spec, data)
+    if options.progress and placement.note:
+        print(placement.note, file=sys.stderr)
+    watch = FailFast(min(FIRST, budget))
+    table = options.results_dir / spec.study / EPOCHS_FILE
+    bridge = OptunaBridge(
+        study,
+        spec.space,
+        spec.fixed,
+        metric=spec.primary.metric,
+        mode=spec.primary.mode,
+        max_epochs=spec.budget.max_epochs,
+        objectives=[o.metric for o in spec.objectives[1:]],
+        seed=spec.sampler.seed or 0,
+        run_id=run_id,
+        listeners=[watch, lambda done: append_epochs(table, done.number, done.metrics)],
+    )
+    stopper = RunStopper(spec.budget.time_limit_s, bridge.mark_interrupted, lambda: watch.verdict)
+    meter = _device_budget(spec, placement, bridge)
+    tuner = _tuner(spec, options, bridge, placement, data, CombinedStopper(stopper, meter), budget)
+    try:
+        tuner.fit()
+    finally:
+        try:
+            cause = "time limit" if stopper.expired else "interrupt"
+            cause = BUDGET_CAUSE if meter.exhausted else cause
+            bridge.finalize("run stopped early" if watch.verdict else cause)
+        finally:
+            storage.close()
+    hours = (meter.spent_hours, meter.hours, meter.unit) if meter.hours else None
+    return dict(bridge.finished.values()), watch.verdict, hours
+
+
+def _device_budget(spec: StudySpec, placement: Placement, bridge: OptunaBridge) -> DeviceBudget:
+    """The ``gpu_hours``/``cpu_hours`` meter, with what earlier runs of the study spent."""
+    hours, devices, unit = budget_for(
+        spec.budget.gpu_hours,
+        spec.budget.cpu_hours,
+        placement.gpus_per_trial,
+        placement.cpus_per_trial,
+    )
+    earlier = [
+        t.user_attrs for t in bridge.study.get_trials(deepcopy=False) if t.state.is_finished()
+    ]
+    return DeviceBudget(
+        hours,
+        devices,
+        lambda trial_id: bridge.mark_interrupted(trial_id, BUDGET_CAUSE),
+        spent_before(earlier, devices),
+        unit,
+    )
+
+
+def _tuner(
+    spec: StudySpec,
+    options: RunOptions,
+    bridge: OptunaBridge,
+    placement: Placement,
+    data: Dataset,
+    stopper: Stopper,
+    budget: int,
+) -> Any:
+    """The Tune ``Tuner``: the trainable with its resources, ASHA (rungs refilled on a resume),
+    the bridge as searcher, retries, and our callbacks."""
+    from ray import tune
+    from ray.tune.search import ConcurrencyLimiter
+
+    scheduler = build_scheduler(spec, bridge.mark_pruned)
+    if isinstance(scheduler, PruneReportingASHA):
+        scheduler.restore_rungs(earlier_curves(bridge.study))
+    elif isinstance(scheduler, MultiObjectiveASHA):  # no intermediate values: the epochs table
+        table = read_epochs(options.results_dir / spec.study / EPOCHS_FILE)
+        scheduler.restore_rungs(objective_curves(table, [o.metric for o in spec.objectives]))
+    packed = 0 < placement.gpus_per_trial < 1  # an out-of-memory trial retries with more GPU
+    max_failures = max(spec.faults.max_failures, OOM_RETRIES if packed else 0)
+    job = trial_job(spec, data, placement)
+    if max_failures == 0:  # no retry would read a checkpoint: the trainable saves none
+        job = replace(job, checkpoints=False)
+    trainable = tune.with_resources(
+        tune.with_parameters(run_trial, job=job, data=data), placement.ray_resources
+    )
+    return tune.Tuner(
+        trainable,
+        tune_config=tune.TuneConfig(
+            search_alg=ConcurrencyLimiter(bridge, max_concurrent=placement.concurrency),
+            scheduler=scheduler,
+            num_samples=budget,
+            reuse_actors=True,
+        ),
+        run_config=tune.RunConfig(
+            name=spec.study,
+            storage_path=str((options.results_dir / "ray").resolve()),
+            callbacks=[
+                ErrorCallback(bridge),
+                *([OomRetry()] if packed else []),
+                *_progress(spec, bridge, options),
+                *options.callbacks,
+            ],
+            verbose=options.verbose,
+            stop=stopper,
+            failure_config=tune.FailureConfig(max_failures=max_failures),
+            # Tune snapshots the whole experiment (every trial's state, as JSON) each time one
+            # trial has made num_to_keep checkpoints since the last snapshot: with 1 that is
+            # every checkpoint, a cost that grows with the trials. The worker checkpoints at
+            # most every faults.checkpoint_every_s, so with 2 the periodic snapshot comes first.
+            checkpoint_config=tune.CheckpointConfig(num_to_keep=2),
+        ),
+    )
+
+
+def place(spec: StudySpec, data: Dataset) -> Placement:
+    """Resolves the spec's ``resources`` on the cluster Ray runs (:mod:`search.run.placement`);
+    ``gpus_per_trial: auto`` on GPUs first measures the largest config on one GPU."""
+    import ray
+
+    res, cluster = spec.resources, ray.cluster_resources()
+    measured = None
+    if res.gpus_per_trial == "auto" and cluster.get("GPU", 0) > 0:
+        measured = measure(spec, data, trial_extras(spec, data))
+    several = (res.workers_per_trial or 1) > 1 or (
+        res.gpus_per_trial != "auto" and res.gpus_per_trial >= 2
+    )
+    mode = declarations(spec.trainable).data_parallel if several else None
+    return resolve(res, cluster, measured, data_parallel=mode)
+
+
+def _progress(spec: StudySpec, bridge: OptunaBridge, options: RunOptions) -> list[Callback]:
+    if not options.progress:
+        return []
+    objective, budget, asha = spec.primary, spec.budget, spec.asha
+    rungs = (
+        asha_milestones(asha.grace_period, asha.reduction_factor, budget.max_epochs)
+        if asha.enabled
+        else []
+    )
+    return [
+        ProgressCallback(
+            bridge,
+            objective.metric,
+            objective.mode,
+            budget.trials,
+            milestones=rungs,
+            max_epochs=budget.max_epochs,
+            time_limit_s=budget.time_limit_s,
+        )
+    ]
