@@ -172,3 +172,28 @@ def test_progress_live_block_on_a_terminal_and_pickling(ran: tuple) -> None:
     assert "0 running" in text and "0/10 finished" in text and "left" in text
     callback.on_experiment_end([])
     assert callback._live is None
+
+
+def test_the_figures_of_a_study_without_a_completed_trial_log_nothing() -> None:
+    import logging
+
+    import optuna
+
+    from search.report.figures import plotly_figures
+
+    study = optuna.create_study(direction="maximize")
+    for _ in range(3):
+        trial = study.ask()
+        trial.suggest_float("lr", 1e-4, 1e-1, log=True)
+        study.tell(trial, state=optuna.trial.TrialState.FAIL)
+    heard: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: heard.append(record.getMessage())  # type: ignore[method-assign]
+    logging.getLogger("optuna").addHandler(handler)
+    try:
+        figures = plotly_figures(study)
+    finally:
+        logging.getLogger("optuna").removeHandler(handler)
+    assert set(figures) >= {"optimization-history", "slice", "parallel-coordinate"}
+    assert heard == []  # optuna logs one warning a figure here (five lines after such a run)
+    assert logging.getLogger("optuna").level != logging.ERROR  # and its level is given back

@@ -15,6 +15,7 @@ The same figures as PNGs: :mod:`search.report.pngs`. A figure that cannot be dra
 from __future__ import annotations
 
 import contextlib
+import logging
 import warnings
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -277,12 +278,20 @@ def slice_rows(study: optuna.Study) -> list[go.Figure]:
 
 
 def attempt(make: Callable[[], Any]) -> Any:
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        try:
+    """``make()``, or the one-line reason it failed. Quietly: optuna's figures log a warning
+    each when the study has no completed trial (five lines on the console after a run whose
+    trials all failed, which the run's own error line already explains)."""
+    optuna_log = logging.getLogger("optuna")
+    level = optuna_log.level
+    optuna_log.setLevel(logging.ERROR)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
             return make()
-        except Exception as exc:  # too few trials for this figure, say
-            return f"not drawn: {type(exc).__name__}: {exc}".splitlines()[0]
+    except Exception as exc:  # too few trials for this figure, say
+        return f"not drawn: {type(exc).__name__}: {exc}".splitlines()[0]
+    finally:
+        optuna_log.setLevel(level)
 
 
 def metric_curves(table: Path, trials: set[int] | None = None) -> list[Any] | str:
