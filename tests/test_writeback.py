@@ -150,12 +150,12 @@ def test_reading_all_trials_uses_a_view_and_its_own_trials_are_current(
 def test_queued_writes_commit_together_and_a_bad_one_spoils_only_itself(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from search.record import writeback
+    from search.record import writer
 
     study, storage, url = _pair(tmp_path)
     good, bad = study.ask(), study.ask()
     batches: list[int] = []
-    together = writeback.write_together
+    together = writer.write_together
 
     def counted(inner: object, writes: list, known: object = None) -> bool:
         batches.append(len(writes))
@@ -163,7 +163,7 @@ def test_queued_writes_commit_together_and_a_bad_one_spoils_only_itself(
             gate.wait(10)  # the next writes queue up behind the first transaction
         return together(inner, writes, known)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(writeback, "write_together", counted)
+    monkeypatch.setattr(writer, "write_together", counted)
     gate = threading.Event()
     good.set_user_attr("gate", 0)
     for epoch in range(1, 6):
@@ -187,21 +187,21 @@ def test_queued_writes_commit_together_and_a_bad_one_spoils_only_itself(
 def test_parameters_are_queued_and_a_clashing_one_fails_its_trial(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from search.record import writeback
+    from search.record import writer
 
     study, storage, url = _pair(tmp_path)
     first = study.ask()
     first.suggest_float("lr", 1e-4, 1e-1, log=True)
     study.tell(first, 0.5)  # the study now knows lr as a float
     gate, holding = threading.Event(), threading.Event()
-    together = writeback.write_together
+    together = writer.write_together
 
     def held(inner: object, writes: list, known: object = None) -> bool:  # what follows queues
         holding.set()
         gate.wait(10)
         return together(inner, writes, known)  # type: ignore[arg-type]
 
-    monkeypatch.setattr(writeback, "write_together", held)
+    monkeypatch.setattr(writer, "write_together", held)
     trial = study.ask()
     trial.set_user_attr("gate", 0)
     holding.wait(10)

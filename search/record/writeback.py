@@ -5,9 +5,10 @@ The bridge runs inside Tune's controller loop: every parameter it samples and ev
 commit waits for the disk (measured here: about 12 ms per commit, 9 commits per trial, and 9
 more for the cnn space's parameters). While it waits, no trial starts, no result is read.
 :class:`WriteBehindStorage` queues those writes and one background thread commits them, in the
-order they were made; everything else (creating a trial, every read) goes straight to the
-wrapped storage. A driver killed between a trial's ``ask`` and the queue's next commit leaves
-that trial RUNNING without its parameters; the next run marks it FAIL, as it would with them.
+order they were made (:mod:`search.record.writer`); everything else (creating a trial, every
+read) goes straight to the wrapped storage. A driver killed between a trial's ``ask`` and the
+queue's next commit leaves that trial RUNNING without its parameters; the next run marks it
+FAIL, as it would with them.
 
 The one write that waits is a trial's final state: it is written through, after everything
 queued before it, so ``tell`` returns only once it is committed (a driver killed right after
@@ -29,8 +30,6 @@ loss may lose the last commits, the same trade the write-behind queue makes.
 from __future__ import annotations
 
 import copy
-import logging
-import queue
 import threading
 import time
 from collections.abc import Container, Sequence
@@ -42,14 +41,8 @@ from optuna.study import StudyDirection
 from optuna.study._frozen import FrozenStudy
 from optuna.trial import FrozenTrial, TrialState
 
-from search.record.batch import Known, relax_sqlite_sync, write_together
-
-_log = logging.getLogger(__name__)
-
-_STOP = object()
-
-BATCH_LIMIT = 500
-"""Most queued writes committed in one transaction."""
+from search.record.batch import relax_sqlite_sync
+from search.record.writer import Op, OrderedWriter
 
 VIEW_EVERY_S = 2.0
 """Most seconds :meth:`WriteBehindStorage.get_all_trials` reuses its view of the storage."""
@@ -76,73 +69,21 @@ class WriteBehindStorage(BaseStorage):
 
     def __init__(self, inner: BaseStorage) -> None:
         self.inner = inner
-        self._queue: queue.Queue[Any] = queue.Queue()
+        self._writer = OrderedWriter(inner)
         self._lock = threading.Lock()
-        self._pending: dict[int, list[tuple[int, str, tuple[Any, ...]]]] = {}
-        self._seq = 0
-        self._errors: list[BaseException] = []
-        self._failed: dict[int, int] = {}  # trial id -> its queued writes that failed
-        self._thread: threading.Thread | None = None
         self._closed = False
         self._own: dict[int, FrozenTrial | None] = {}  # trials created here, until finished
         self._mine: dict[int, int] = {}  # trial id -> study id, for trials created here
         self._told: dict[int, FrozenTrial] = {}  # created here, finished since the last view
         self._view: tuple[int, float, list[FrozenTrial], dict[int, int]] | None = None
-        self._known: Known = {}  # each parameter's distribution, read once (batch.py)
         relax_sqlite_sync(inner)
 
-    # ---- the background writer -------------------------------------------------------------
-
-    def _start(self) -> None:
-        if self._thread is None:
-            self._thread = threading.Thread(
-                target=self._drain, name="search-writeback", daemon=True
-            )
-            self._thread.start()
-
-    def _drain(self) -> None:
-        while True:
-            items = [self._queue.get()]
-            while len(items) < BATCH_LIMIT and items[-1] is not _STOP:
-                try:
-                    items.append(self._queue.get_nowait())
-                except queue.Empty:
-                    break
-            try:
-                self._commit([item for item in items if item is not _STOP])
-            finally:
-                for _ in items:
-                    self._queue.task_done()
-            if items[-1] is _STOP:
-                return
-
-    def _commit(self, items: list[tuple[int, int, str, tuple[Any, ...]]]) -> None:
-        """Commits the queued ``items`` together (:mod:`search.record.batch`), or one by one
-        when the storage cannot or the batch failed, to find the writes that fail."""
-        try:
-            together = write_together(self.inner, [item[1:] for item in items], self._known)
-        except Exception:  # one of them fails: one by one tells which
-            together = False
-        for seq, trial_id, method, args in items:
-            if not together:
-                try:
-                    getattr(self.inner, method)(trial_id, *args)
-                except BaseException as exc:  # kept, raised by close(); the loop goes on
-                    _log.warning("storage write %s(trial %s) failed: %s", method, trial_id, exc)
-                    self._errors.append(exc)
-                    with self._lock:
-                        self._failed[trial_id] = self._failed.get(trial_id, 0) + 1
-            with self._lock:
-                ops = self._pending.get(trial_id, [])
-                ops[:] = [op for op in ops if op[0] != seq]
-                if not ops:
-                    self._pending.pop(trial_id, None)
+    # ---- the writer: its queue and its thread (search/record/writer.py) ---------------------
 
     def _defer(self, trial_id: int, method: str, *args: Any) -> None:
         if self._closed:  # after close, write through
             getattr(self.inner, method)(trial_id, *args)
             return
-        self._start()
         with self._lock:
             if trial_id in self._own:  # the local copy takes every write to an own trial
                 local = self._own[trial_id]
@@ -150,47 +91,35 @@ class WriteBehindStorage(BaseStorage):
                     self._own.pop(trial_id)  # finished: reads go to the storage (and overlay)
                 else:
                     self._own[trial_id] = self._apply(local, [(0, method, args)])
-            self._seq += 1
-            self._pending.setdefault(trial_id, []).append((self._seq, method, args))
-            self._queue.put((self._seq, trial_id, method, args))
+            self._writer.put(trial_id, method, args)
 
     def flush(self) -> None:
         """Waits until every queued write is committed."""
-        if self._thread is not None:
-            self._queue.join()
+        self._writer.flush()
 
     def close(self) -> None:
-        """Flushes, stops the writer thread and raises the first error a write met."""
-        self.flush()
-        if self._thread is not None:
-            self._queue.put(_STOP)
-            self._thread.join()
-            self._thread = None
-        self._closed = True
-        if self._errors:
-            first = self._errors[0]
-            raise RuntimeError(
-                f"{len(self._errors)} study write(s) failed; first: {type(first).__name__}: {first}"
-            ) from first
+        """Flushes, stops the writer thread and raises the first error a write met; later
+        writes go straight through."""
+        try:
+            self._writer.close()
+        finally:
+            self._closed = True
 
     # ---- the overlay: reads see the queued writes ------------------------------------------
 
-    def _snapshot(self) -> dict[int, list[tuple[int, str, tuple[Any, ...]]]]:
+    def _snapshot(self) -> dict[int, list[Op]]:
         """The queued writes, taken *before* a read of the storage: a write that lands during
         the read is then applied twice (harmless: every write is idempotent), never lost."""
-        with self._lock:
-            return {trial_id: list(ops) for trial_id, ops in self._pending.items()}
+        return self._writer.pending()
 
-    def _overlay(
-        self, trial: FrozenTrial, pending: dict[int, list[tuple[int, str, tuple[Any, ...]]]]
-    ) -> FrozenTrial:
+    def _overlay(self, trial: FrozenTrial, pending: dict[int, list[Op]]) -> FrozenTrial:
         ops = pending.get(trial._trial_id)
         if not ops:
             return trial
         return self._apply(copy.deepcopy(trial), ops)
 
     @staticmethod
-    def _apply(trial: FrozenTrial, ops: Sequence[tuple[int, str, tuple[Any, ...]]]) -> FrozenTrial:
+    def _apply(trial: FrozenTrial, ops: Sequence[Op]) -> FrozenTrial:
         """Applies queued writes to ``trial`` in place (and returns it)."""
         for _, method, args in ops:
             if method == "set_trial_user_attr":
@@ -225,8 +154,9 @@ class WriteBehindStorage(BaseStorage):
         self, trial_id: int, param_name: str, param_value_internal: float, distribution: Any
     ) -> None:
         """Deferred too: one commit per parameter was half of an ``ask`` at 10,000 trials.
-        The storage still checks the distribution against the study's earlier ones (a resumed
-        run with a changed space is refused before any trial: ``SpecMismatchError``)."""
+        Its distribution is still checked against the study's earlier ones, as Optuna does
+        (:mod:`search.record.batch`; a resumed run with a changed space is refused before any
+        trial: ``SpecMismatchError``)."""
         self._defer(trial_id, "set_trial_param", param_name, param_value_internal, distribution)
 
     def set_trial_state_values(
@@ -237,12 +167,12 @@ class WriteBehindStorage(BaseStorage):
         fate is durable and raises at once if it could not be written (a driver killed a
         moment later loses no finished trial; its epochs may lag, its fate may not)."""
         self.flush()
-        failed = self._failed_writes(trial_id)
+        failed, error = self._writer.failed(trial_id)
         if failed:
             raise RuntimeError(
                 f"trial {trial_id}: {failed} earlier write(s) failed; its state "
-                f"is not written: {self._errors[-1]}"
-            ) from self._errors[-1]
+                f"is not written: {error}"
+            ) from error
         with self._lock:
             local = self._own.pop(trial_id, None)
         won = self.inner.set_trial_state_values(trial_id, state, values)
@@ -253,10 +183,6 @@ class WriteBehindStorage(BaseStorage):
             with self._lock:
                 self._told[trial_id] = told
         return won
-
-    def _failed_writes(self, trial_id: int) -> int:
-        with self._lock:
-            return self._failed.get(trial_id, 0)
 
     # ---- straight through -------------------------------------------------------------------
 
@@ -385,7 +311,7 @@ class WriteBehindStorage(BaseStorage):
         trial: FrozenTrial,
         mine: set[int],
         told: dict[int, FrozenTrial],
-        pending: dict[int, list[tuple[int, str, tuple[Any, ...]]]],
+        pending: dict[int, list[Op]],
     ) -> FrozenTrial:
         """``trial`` as this driver knows it now (the view may predate its latest writes)."""
         trial_id = trial._trial_id
