@@ -73,6 +73,11 @@ def _writes(trials: list[int]) -> list[Write]:
     return writes
 
 
+def _again(trials: list[int]) -> list[Write]:
+    """A later batch setting a stored parameter again: Optuna keeps the first value."""
+    return [(t, "set_trial_param", ("batch", BATCH.to_internal_repr(32), BATCH)) for t in trials]
+
+
 def _stored(url: str) -> list[tuple[Any, ...]]:
     return [
         (
@@ -97,10 +102,12 @@ def test_a_batch_stores_what_optunas_writes_one_by_one_store(urls: Callable[[str
         study.tell(first, 1.0)
         for _ in range(3):
             study.ask()
-    trials = [t._trial_id for t in stores[together].trials[1:]]
-    assert write_together(stores[together]._storage, _writes(trials)) is True
+    mine = [t._trial_id for t in stores[together].trials[1:]]
+    theirs = [t._trial_id for t in stores[alone].trials[1:]]
+    assert write_together(stores[together]._storage, _writes(mine)) is True
+    assert write_together(stores[together]._storage, _again(mine)) is True  # stored: kept
     storage = stores[alone]._storage
-    for trial_id, method, args in _writes([t._trial_id for t in stores[alone].trials[1:]]):
+    for trial_id, method, args in _writes(theirs) + _again(theirs):
         getattr(storage, method)(trial_id, *args)
     assert _stored(together) == _stored(alone)
     assert _stored(together)[3][2] == {"lr": pytest.approx(0.03), "batch": 64, "layers": 3}

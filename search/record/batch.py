@@ -39,14 +39,6 @@ Known = MutableMapping[tuple[int, str], BaseDistribution]
 """(study id, parameter name) -> a distribution the study holds for it: a caller that writes
 many batches passes one, so each name's distribution is read from the database once."""
 
-_MODELS = {
-    "set_trial_user_attr": "TrialUserAttributeModel",
-    "set_trial_system_attr": "TrialSystemAttributeModel",
-    "set_trial_intermediate_value": "TrialIntermediateValueModel",
-    "set_trial_param": "TrialParamModel",
-}
-"""The Optuna model (and table) each write goes to."""
-
 
 def write_together(
     storage: BaseStorage, writes: Sequence[Write], known: Known | None = None
@@ -72,8 +64,8 @@ def write_together(
     rows: dict[str, dict[tuple[Any, ...], dict[str, Any]]] = {}
     params: list[tuple[int, str, BaseDistribution]] = []
     for trial_id, method, args in writes:
-        key, row = _row(models, trial_id, method, args)
-        keyed = rows.setdefault(_MODELS[method], {})
+        model, key, row = _row(models, trial_id, method, args)
+        keyed = rows.setdefault(model, {})
         if method == "set_trial_param":  # Optuna keeps a parameter's first value,
             keyed.setdefault(key, row)
             params.append((trial_id, args[0], args[2]))
@@ -91,20 +83,25 @@ def write_together(
 
 def _row(
     models: Any, trial_id: int, method: str, args: tuple[Any, ...]
-) -> tuple[tuple[Any, ...], dict[str, Any]]:
-    """The unique key and the row of one write, as Optuna stores it."""
+) -> tuple[str, tuple[Any, ...], dict[str, Any]]:
+    """The Optuna model (and table) of one write, its unique key, and its row as Optuna
+    stores it."""
     if method in ("set_trial_user_attr", "set_trial_system_attr"):
         key, value = args
-        return (trial_id, key), {"trial_id": trial_id, "key": key, "value_json": json.dumps(value)}
+        model = "TrialUserAttributeModel" if "user" in method else "TrialSystemAttributeModel"
+        row = {"trial_id": trial_id, "key": key, "value_json": json.dumps(value)}
+        return model, (trial_id, key), row
     if method == "set_trial_intermediate_value":
         step, value = args
         stored, kind = models.TrialIntermediateValueModel.intermediate_value_to_stored_repr(value)
         row = {"trial_id": trial_id, "step": step, "intermediate_value": stored}
-        return (trial_id, step), {**row, "intermediate_value_type": kind}
+        row["intermediate_value_type"] = kind
+        return "TrialIntermediateValueModel", (trial_id, step), row
     if method == "set_trial_param":
         name, internal, distribution = args
         row = {"trial_id": trial_id, "param_name": name, "param_value": internal}
-        return (trial_id, name), {**row, "distribution_json": distribution_to_json(distribution)}
+        row["distribution_json"] = distribution_to_json(distribution)
+        return "TrialParamModel", (trial_id, name), row
     raise ValueError(f"{method} is not a write this batch knows")
 
 

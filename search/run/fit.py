@@ -1,9 +1,9 @@
 """Runs a study's trials through Ray Tune, once the study is open and Ray is up.
 
 :func:`fit` wires the bridge, the scheduler, the stoppers and our callbacks into a Tune
-``Tuner`` and runs it. This module imports Ray Tune (over a second here), and with it
-:mod:`search.run.runner`: the CLI imports them once its preflight passed
-(:func:`search.run.preflight.check_run`).
+``Tuner`` and runs it. This module imports Ray Tune (over a second here), and so does
+:mod:`search.run.runner`, which imports it: the CLI imports the runner only once its preflight
+passed (:func:`search.run.preflight.check_run`).
 
 Data flow of one trial: the bridge asks the study for a trial and samples the space on it;
 Ray starts (or reuses) an actor that runs :func:`search.run.worker.run_trial`; every epoch the

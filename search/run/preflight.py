@@ -23,12 +23,11 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from search.contract import BUILTIN_KNOBS
 from search.errors import SearchError
 from search.record.storage import expand, redact, with_driver
 from search.run.cluster import init_ray, use_cluster_token
 from search.run.data import DataError, loader_function
-from search.spec.knobs import check_knobs
+from search.spec.knobs import check_builtin_knobs
 
 if TYPE_CHECKING:
     from search.spec.schema import StudySpec
@@ -266,8 +265,7 @@ def check_run(
     given (so a refused token also fails here, in one line). A built-in's knobs are checked
     here, which imports nothing; a user trainable's while Ray starts
     (:func:`search.run.runner.run_study`), since that check imports its module."""
-    if spec.trainable in BUILTIN_KNOBS:
-        check_knobs(spec, source)
+    check_builtin_knobs(spec, source)
     check_data(spec, data_field)
     check_storage(spec.storage, storage_field)
     check_ray_address(address)

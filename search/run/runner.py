@@ -9,7 +9,6 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
-from search.contract import BUILTIN_KNOBS
 from search.record.lease import StudyLease, new_run_id
 from search.record.resume import recover
 from search.record.samplers import grid_size
@@ -19,7 +18,7 @@ from search.run.cluster import init_ray
 from search.run.data import load_data
 from search.run.fit import fit
 from search.run.options import RunOptions, RunSummary
-from search.spec.knobs import check_knobs
+from search.spec.knobs import check_builtin_knobs, check_knobs
 
 if TYPE_CHECKING:
     import optuna
@@ -39,9 +38,9 @@ def run_study(spec: StudySpec, options: RunOptions = RunOptions()) -> RunSummary
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     start = time.monotonic()
-    builtin = spec.trainable in BUILTIN_KNOBS  # its knobs are read without an import:
-    if builtin:  # a misspelled one stops the run before Ray starts
-        check_knobs(spec, options.source)
+    # A built-in's knobs (checked by the CLI's preflight too, in a millisecond) stop a
+    # misspelled one before Ray starts; a user trainable's are checked while Ray starts.
+    builtin = check_builtin_knobs(spec, options.source)
     study, lease, data = _open_while_ray_starts(spec, options, knobs=not builtin)
     try:
         record_spec(study, spec)

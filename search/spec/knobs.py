@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from search.contract import UnknownTrainableError, declared_defaults
+from search.contract import BUILTIN_KNOBS, UnknownTrainableError, declared_defaults
 from search.errors import SearchError
 
 if TYPE_CHECKING:
@@ -56,3 +56,21 @@ def check_knobs(spec: StudySpec, source: str = "spec") -> None:
         is_path = name.endswith("_path") and isinstance(value, str) and value
         if is_path and not Path(value).exists():
             raise KnobError(f"{source}: fixed.{name}: no file at {value}")
+
+
+def check_builtin_knobs(spec: StudySpec, source: str = "spec") -> bool:
+    """:func:`check_knobs` for a built-in trainable, which imports nothing (a misspelled knob
+    can then stop ``run`` before Ray or Ray Tune); ``False``, unchecked, for a user's trainable,
+    whose check imports its module.
+
+    Example:
+        >>> from search.spec.schema import parse_spec
+        >>> spec = parse_spec({"study": "s", "trainable": "search.testing:curve",
+        ...                    "objective": {"metric": "val_accuracy", "mode": "max"}})
+        >>> check_builtin_knobs(spec)
+        False
+    """
+    if spec.trainable not in BUILTIN_KNOBS:
+        return False
+    check_knobs(spec, source)
+    return True
