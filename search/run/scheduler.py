@@ -82,4 +82,5 @@ def build_scheduler(spec: StudySpec, on_prune: Callable[[str], None]) -> TrialSc
         max_t=spec.budget.max_epochs,
         grace_period=spec.asha.grace_period,
         reduction_factor=spec.asha.reduction_factor,
+        brackets=spec.asha.brackets,
     )

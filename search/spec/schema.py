@@ -118,6 +118,10 @@ class AshaSpec(_Strict):
     enabled: bool = True
     grace_period: int = Field(1, ge=1)
     reduction_factor: float = Field(3, ge=2)
+    brackets: int = Field(1, ge=1, le=5)
+    """Hyperband brackets (Ray's ``AsyncHyperBandScheduler(brackets=...)``): bracket ``s``
+    starts its trials at ``grace_period * reduction_factor**s`` epochs, for tasks whose early
+    epochs mislead. 1 is plain ASHA."""
 
 
 class SamplerSpec(_Strict):
@@ -125,6 +129,18 @@ class SamplerSpec(_Strict):
 
     name: Literal["tpe", "random", "cmaes", "grid"] = "tpe"
     seed: int | None = 0
+    start_from: list[dict[str, Any]] = []
+    """Configs the user already trusts (their current defaults), run first, in order, before
+    the sampler proposes anything (Optuna's ``enqueue_trial``). Each names values of the
+    space's parameters; a parameter it leaves out is sampled."""
+
+
+class WarmStartSpec(_Strict):
+    """An earlier study whose COMPLETE trials the sampler learns from before its first ask."""
+
+    study: str = Field(min_length=1)
+    storage: str | None = None
+    """Where that study lives; the spec's own ``storage`` when left out."""
 
 
 class ResourcesSpec(_Strict):
@@ -195,6 +211,7 @@ class StudySpec(_Strict):
     budget: BudgetSpec = BudgetSpec()
     asha: AshaSpec = AshaSpec()
     sampler: SamplerSpec = SamplerSpec()
+    warm_start: WarmStartSpec | None = None
     resources: ResourcesSpec = ResourcesSpec()
     faults: FaultsSpec = FaultsSpec()
     profile: bool = False
@@ -249,6 +266,8 @@ class StudySpec(_Strict):
             raise ValueError("sampler.name: cmaes optimizes one objective; use tpe, random or grid")
         if self.sampler.name == "grid":
             grid(self.space)
+        if self.multi_objective and self.asha.brackets > 1:
+            raise ValueError("asha.brackets: MO-ASHA runs one bracket; leave brackets at 1")
         if self.asha.grace_period > self.budget.max_epochs:
             raise ValueError(
                 f"asha.grace_period: must not exceed budget.max_epochs "
