@@ -1,27 +1,31 @@
 """The digits CNN space against its peers: same training code, same budget, only orchestration
-differs.
+differs, every contender timed cold from its command line, as a user runs it.
 
-Every contender trains ``trainables.torch.cnn.train`` (the same generator) on the space of
-``spaces/cnn.yaml`` with ``--trials`` trials of at most ``--epochs`` epochs, once per seed, on
-the same machine, one contender after another (each in its own subprocess; Ray-based ones
-start their Ray and run a one-trial warm-up first; seed by seed, so that a busy spell on the
-machine hits every contender alike):
+Every contender trains ``benchmarks.peers_cnn:train`` (the built-in CNN written as a user
+trainable, logging each epoch's time and val_accuracy) on the space of ``spaces/cnn.yaml``
+with ``--trials`` trials of at most ``--epochs`` epochs, once per seed. Each run is a fresh
+process started by this script, with nothing warmed up for anyone: the clock starts before the
+process does and stops when it exits. Seed by seed, so that a busy spell on the machine hits
+every contender alike:
 
-    search        this project: Optuna TPE through the bridge, ASHA (grace 1, factor 3)
+    search        this project, from its command line: ``python -m search run SPEC``
     optuna-sh     Optuna in one process: TPE + SuccessiveHalvingPruner (min 1, factor 3),
                   n_jobs = cores (threads)
     ray-asha      stock Ray Tune: random search (BasicVariantGenerator) + ASHA (grace 1,
                   factor 3), Tune's defaults otherwise (a new actor per trial, loggers on)
+    ray-tpe       stock Ray Tune: OptunaSearch (TPE) + ASHA, ``reuse_actors=True``
     random        random search without pruning: Optuna RandomSampler, no pruner,
                   n_jobs = cores
 
 Reported per contender (median over seeds): wall time, time until the first epoch is
 reported (the fixed cost of starting: processes, imports), time until some epoch reaches
 ``--target`` val_accuracy (``-`` if never), best val_accuracy within the budget, epochs
-trained. Writes results/benchmarks/peers.csv (one row per run), peers_summary.csv and
-peers.png (best val_accuracy so far against wall time, median over seeds).
+trained, and the phases (start-up, steady, teardown). Writes results/benchmarks/peers.csv
+(one row per run), peers_summary.csv and peers.png (best val_accuracy so far against wall
+time, median over seeds).
 
-    python benchmarks/peers.py                              # 16 trials x 9 epochs, 3 seeds
+    python benchmarks/peers.py --full --seeds 0 1 2          # the default study, 32 x 27
+    python benchmarks/peers.py --full --train-fraction 0.1044  # 150 training images
     python benchmarks/peers.py --trials 12 --epochs 6 --seeds 0 1 --only search optuna-sh
 """
 
@@ -36,17 +40,21 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:  # run as a script: benchmarks.* and search.* from this tree
     sys.path.insert(0, str(REPO))
+from benchmarks.peers_cnn import LOG_ENV, read_log  # noqa: E402
+
 OUT = REPO / "results" / "benchmarks"
 SPACE = REPO / "spaces" / "cnn.yaml"
+TRAINABLE = "benchmarks.peers_cnn:train"
 CONTENDERS = ("search", "optuna-sh", "ray-asha", "ray-tpe", "random")
 FULL = ("search", "optuna-sh", "ray-tpe")
 LABELS = {
@@ -58,131 +66,80 @@ LABELS = {
 }
 
 
-class Recorder:
-    """Thread-safe log of ``(seconds since start, val_accuracy)``, one entry per epoch."""
-
-    def __init__(self) -> None:
-        self.start = time.perf_counter()
-        self.points: list[tuple[float, float]] = []
-        self.epochs = 0
-        self._lock = threading.Lock()
-
-    def __getstate__(self) -> dict[str, Any]:  # Tune pickles its callbacks; locks do not pickle
-        return {k: v for k, v in self.__dict__.items() if k != "_lock"}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state, _lock=threading.Lock())
-
-    def add(self, value: float) -> None:
-        with self._lock:
-            self.points.append((time.perf_counter() - self.start, float(value)))
-            self.epochs += 1
-
-
-def _spec(trials: int, epochs: int, seed: int, tmp: Path) -> Any:
-    from search.spec.schema import load_spec, with_overrides
-
-    return with_overrides(
-        load_spec(SPACE),
-        **{
-            "budget.trials": trials,
-            "budget.max_epochs": epochs,
-            "sampler.seed": seed,
-            "storage": f"sqlite:///{tmp}/optuna.db",
-            "study": f"peers-{seed}",
-            "asha.grace_period": 1,
-            "asha.reduction_factor": 3,
-        },
+def _spec_data(trials: int, epochs: int, seed: int, tmp: Path, fraction: float) -> dict:
+    """``spaces/cnn.yaml`` with the benchmark's budget, seed, storage and user trainable."""
+    data = yaml.safe_load(SPACE.read_text())
+    data.update(
+        study=f"peers-{seed}",
+        trainable=TRAINABLE,
+        storage=f"sqlite:///{tmp}/optuna.db",
     )
+    data["budget"] = {"trials": trials, "max_epochs": epochs}
+    data["sampler"] = {**data.get("sampler", {}), "seed": seed}
+    data["asha"] = {"grace_period": 1, "reduction_factor": 3}
+    if fraction < 1.0:
+        data["fixed"] = {**data.get("fixed", {}), "train_fraction": fraction}
+    return data
 
 
-# ---- contenders -------------------------------------------------------------------------------
+def _spec(trials: int, epochs: int, seed: int, tmp: Path, fraction: float = 1.0) -> Any:
+    from search.spec.schema import parse_spec
+
+    return parse_spec(_spec_data(trials, epochs, seed, tmp, fraction))
 
 
-def _search(trials: int, epochs: int, seeds: list[int], cpus: int, tmp: Path) -> list[dict]:
-    from ray.tune import Callback
+def search_command(
+    trials: int, epochs: int, seed: int, cpus: int, tmp: Path, fraction: float
+) -> list[str]:
+    """This project's contender: its command line on a spec written to ``tmp``."""
+    spec = tmp / "peers.yaml"
+    data = _spec_data(trials, epochs, seed, tmp, fraction)
+    data["resources"] = {"cpus_per_trial": 1, "max_concurrent": cpus}
+    spec.write_text(yaml.safe_dump(data, sort_keys=False))
+    return [sys.executable, "-m", "search", "run", str(spec), "--results", str(tmp / "r")]
 
-    from search.run.runner import RunOptions, init_ray, run_study
 
-    class Tap(Callback):
-        def __init__(self, recorder: Recorder) -> None:
-            self.recorder = recorder
-
-        def on_trial_result(
-            self, iteration: int, trials: list, trial: Any, result: dict, **info: Any
-        ) -> None:
-            if "val_accuracy" in result:
-                self.recorder.add(result["val_accuracy"])
-
-    init_ray(None, num_cpus=cpus)
-    run_study(_spec(1, 1, 99, tmp), RunOptions(results_dir=tmp / "r", progress=False))  # warm
-    out = []
-    for seed in seeds:
-        recorder = Recorder()
-        run_study(
-            _spec(trials, epochs, seed, tmp),
-            RunOptions(results_dir=tmp / "r", progress=False, callbacks=[Tap(recorder)]),
-        )
-        out.append(_summary(recorder))
-    return out
+# ---- contenders (each runs in a process of its own, one seed) ----------------------------------
 
 
 def _optuna(
-    trials: int, epochs: int, seeds: list[int], cpus: int, tmp: Path, pruned: bool
-) -> list[dict]:
+    trials: int, epochs: int, seed: int, cpus: int, tmp: Path, fraction: float, pruned: bool
+) -> None:
     import optuna
 
+    from benchmarks.peers_cnn import train
     from search.contract import TrialContext
     from search.run.data import load_data
     from search.spec.space import sample
-    from trainables.torch.cnn import train
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
+    spec = _spec(trials, epochs, seed, tmp, fraction)
+    data = load_data(spec.data)
 
-    def objective_for(spec: Any, recorder: Recorder | None) -> Callable[[Any], float]:
-        data = load_data(spec.data)
+    def objective(trial: Any) -> float:
+        params = {**spec.fixed, **sample(trial, spec.space)}
+        ctx = TrialContext(max_epochs=epochs, num_threads=1, seed=seed + trial.number)
+        value = 0.0
+        generator = train(params, data, ctx)
+        try:
+            for epoch, metrics in enumerate(generator, 1):
+                value = float(metrics["val_accuracy"])
+                trial.report(value, epoch)
+                if trial.should_prune():
+                    raise optuna.TrialPruned()
+        finally:
+            generator.close()
+        return value
 
-        def objective(trial: Any) -> float:
-            params = {**spec.fixed, **sample(trial, spec.space)}
-            ctx = TrialContext(
-                max_epochs=spec.budget.max_epochs,
-                num_threads=1,
-                seed=(spec.sampler.seed or 0) + trial.number,
-            )
-            value = 0.0
-            generator = train(params, data, ctx)
-            try:
-                for epoch, metrics in enumerate(generator, 1):
-                    value = float(metrics["val_accuracy"])
-                    if recorder:
-                        recorder.add(value)
-                    trial.report(value, epoch)
-                    if trial.should_prune():
-                        raise optuna.TrialPruned()
-            finally:
-                generator.close()
-            return value
-
-        return objective
-
-    def study(seed: int) -> Any:
-        if pruned:
-            sampler: Any = optuna.samplers.TPESampler(
-                seed=seed, multivariate=True, group=True, constant_liar=True
-            )
-            pruner: Any = optuna.pruners.SuccessiveHalvingPruner(min_resource=1, reduction_factor=3)
-        else:
-            sampler, pruner = optuna.samplers.RandomSampler(seed=seed), optuna.pruners.NopPruner()
-        return optuna.create_study(direction="maximize", sampler=sampler, pruner=pruner)
-
-    study(99).optimize(objective_for(_spec(1, 1, 99, tmp), None), n_trials=1)  # warm
-    out = []
-    for seed in seeds:
-        recorder = Recorder()
-        spec = _spec(trials, epochs, seed, tmp)
-        study(seed).optimize(objective_for(spec, recorder), n_trials=trials, n_jobs=cpus)
-        out.append(_summary(recorder))
-    return out
+    if pruned:
+        sampler: Any = optuna.samplers.TPESampler(
+            seed=seed, multivariate=True, group=True, constant_liar=True
+        )
+        pruner: Any = optuna.pruners.SuccessiveHalvingPruner(min_resource=1, reduction_factor=3)
+    else:
+        sampler, pruner = optuna.samplers.RandomSampler(seed=seed), optuna.pruners.NopPruner()
+    study = optuna.create_study(direction="maximize", sampler=sampler, pruner=pruner)
+    study.optimize(objective, n_trials=trials, n_jobs=cpus)
 
 
 def _tune_domains(space: dict) -> dict:
@@ -207,9 +164,9 @@ def _tune_domains(space: dict) -> dict:
 def _tune_trial(config: dict, space: dict, fixed: dict, epochs: int, data: Any) -> None:
     from ray import tune
 
+    from benchmarks.peers_cnn import train
     from search.contract import TrialContext
     from search.spec.space import is_active, order
-    from trainables.torch.cnn import train
 
     params: dict = {}
     for name in order(space):  # Tune has no conditions: drop what the space would not ask
@@ -254,83 +211,77 @@ def _searcher(spec: Any, seed: int, tpe: bool) -> Any:
 
 
 def _ray_asha(
-    trials: int, epochs: int, seeds: list[int], cpus: int, tmp: Path, tpe: bool = False
-) -> list[dict]:
+    trials: int, epochs: int, seed: int, cpus: int, tmp: Path, fraction: float, tpe: bool
+) -> None:
     import ray
     from ray import tune
     from ray.tune.schedulers import ASHAScheduler
 
     from search.run.data import load_data
 
-    class Tap(tune.Callback):
-        def __init__(self, recorder: Recorder | None) -> None:
-            self.recorder = recorder
-
-        def on_trial_result(
-            self, iteration: int, trials: list, trial: Any, result: dict, **info: Any
-        ) -> None:
-            if self.recorder and "val_accuracy" in result:
-                self.recorder.add(result["val_accuracy"])
-
     ray.init(num_cpus=cpus, include_dashboard=False, log_to_driver=False)
-
-    def fit(seed: int, n: int, e: int, recorder: Recorder | None) -> None:
-        spec = _spec(n, e, seed, tmp)
-        trainable = tune.with_parameters(
-            _tune_trial, space=spec.space, fixed=spec.fixed, epochs=e, data=load_data(spec.data)
-        )
-        domains = {} if tpe else _tune_domains(spec.space)
-        tune.Tuner(
-            trainable,
-            param_space={} if tpe else {**domains, "seed": tune.randint(0, 2**31 - 1)},
-            tune_config=tune.TuneConfig(
-                metric=None if tpe else "val_accuracy",
-                mode=None if tpe else "max",
-                num_samples=n,
-                search_alg=_searcher(spec, seed, tpe),
-                scheduler=ASHAScheduler(
-                    max_t=e, grace_period=1, reduction_factor=3, metric="val_accuracy", mode="max"
-                ),
-                reuse_actors=tpe,
+    spec = _spec(trials, epochs, seed, tmp, fraction)
+    trainable = tune.with_parameters(
+        _tune_trial, space=spec.space, fixed=spec.fixed, epochs=epochs, data=load_data(spec.data)
+    )
+    domains = {} if tpe else _tune_domains(spec.space)
+    tune.Tuner(
+        trainable,
+        param_space={} if tpe else {**domains, "seed": tune.randint(0, 2**31 - 1)},
+        tune_config=tune.TuneConfig(
+            metric=None if tpe else "val_accuracy",
+            mode=None if tpe else "max",
+            num_samples=trials,
+            search_alg=_searcher(spec, seed, tpe),
+            scheduler=ASHAScheduler(
+                max_t=epochs, grace_period=1, reduction_factor=3, metric="val_accuracy", mode="max"
             ),
-            run_config=tune.RunConfig(
-                name=f"peers-{seed}-{n}",
-                storage_path=str(tmp / "ray"),
-                callbacks=[Tap(recorder)],
-                verbose=0,
-            ),
-        ).fit()
-
-    fit(99, 1, 1, None)  # warm
-    out = []
-    for seed in seeds:
-        recorder = Recorder()
-        fit(seed, trials, epochs, recorder)
-        out.append(_summary(recorder))
-    return out
+            reuse_actors=tpe,
+        ),
+        run_config=tune.RunConfig(
+            name=f"peers-{seed}-{trials}", storage_path=str(tmp / "ray"), verbose=0
+        ),
+    ).fit()
 
 
-def _summary(recorder: Recorder) -> dict:
-    return {
-        "wall_s": time.perf_counter() - recorder.start,
-        "epochs": recorder.epochs,
-        "points": recorder.points,
-    }
+CONTENDER_FNS: dict[str, Callable[..., None]] = {
+    "optuna-sh": lambda *a: _optuna(*a, pruned=True),
+    "random": lambda *a: _optuna(*a, pruned=False),
+    "ray-asha": lambda *a: _ray_asha(*a, tpe=False),
+    "ray-tpe": lambda *a: _ray_asha(*a, tpe=True),
+}
 
 
-def run_contender(name: str, trials: int, epochs: int, seeds: list[int], cpus: int) -> list[dict]:
-    """One summary per seed: wall seconds, epochs trained, (seconds, val_accuracy) points."""
+def command(
+    name: str, trials: int, epochs: int, seed: int, cpus: int, tmp: Path, fraction: float
+) -> list[str]:
+    """The command line that runs contender ``name`` for one seed, cold."""
+    if name == "search":
+        return search_command(trials, epochs, seed, cpus, tmp, fraction)
+    return [
+        sys.executable, __file__, "--contender", name, "--trials", str(trials),
+        "--epochs", str(epochs), "--cpus", str(cpus), "--seeds", str(seed),
+        "--tmp", str(tmp), "--train-fraction", str(fraction),
+    ]  # fmt: skip
+
+
+def run_cold(
+    name: str, trials: int, epochs: int, seed: int, cpus: int, fraction: float
+) -> dict[str, Any]:
+    """One seed of one contender in a fresh process: wall seconds from before the process
+    starts to its exit, the epochs its trainable logged, and their ``(seconds, value)``."""
     with tempfile.TemporaryDirectory(prefix=f"peers-{name}-") as folder:
         tmp = Path(folder)
-        if name == "search":
-            return _search(trials, epochs, seeds, cpus, tmp)
-        if name == "optuna-sh":
-            return _optuna(trials, epochs, seeds, cpus, tmp, pruned=True)
-        if name == "random":
-            return _optuna(trials, epochs, seeds, cpus, tmp, pruned=False)
-        if name in ("ray-asha", "ray-tpe"):
-            return _ray_asha(trials, epochs, seeds, cpus, tmp, tpe=name == "ray-tpe")
-    raise ValueError(name)
+        log = tmp / "epochs.log"
+        env = {**os.environ, "PYTHONPATH": str(REPO), LOG_ENV: str(log)}
+        cmd = command(name, trials, epochs, seed, cpus, tmp, fraction)
+        start = time.time()
+        done = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO, env=env)
+        wall = time.time() - start
+        if done.returncode != 0:
+            raise SystemExit(f"{name} failed:\n{done.stderr[-3000:]}")
+        points = read_log(str(log), start)
+    return {"wall_s": wall, "epochs": len(points), "points": points}
 
 
 # ---- the driver -------------------------------------------------------------------------------
@@ -396,6 +347,13 @@ def main() -> None:
     parser.add_argument("--contender", choices=CONTENDERS, help=argparse.SUPPRESS)
     parser.add_argument("--fixed-contender", help=argparse.SUPPRESS)
     parser.add_argument("--reps", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--tmp", help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--train-fraction",
+        type=float,
+        default=1.0,
+        help="share of training (0.1044: 150)",
+    )
     args = parser.parse_args()
     if args.fixed_contender:
         _fixed_contender(args)
@@ -406,41 +364,21 @@ def main() -> None:
     if args.full:
         args.trials, args.epochs, args.target = 32, 27, 0.97
     args.only = args.only or list(FULL if args.full else CONTENDERS)
-    if args.contender:  # the subprocess
-        found = run_contender(args.contender, args.trials, args.epochs, args.seeds, args.cpus)
-        print("RESULT " + json.dumps(found), flush=True)
+    if args.contender:  # the subprocess: one seed, cold
+        CONTENDER_FNS[args.contender](
+            args.trials, args.epochs, args.seeds[0], args.cpus, Path(args.tmp), args.train_fraction
+        )
         return
 
     runs: dict[str, list[dict]] = {name: [] for name in args.only}
     for seed in args.seeds:  # seed by seed, so a busy spell on the machine hits every contender
         for name in args.only:
-            cmd = [
-                sys.executable,
-                __file__,
-                "--contender",
-                name,
-                "--trials",
-                str(args.trials),
-                "--epochs",
-                str(args.epochs),
-                "--cpus",
-                str(args.cpus),
-                "--seeds",
-                str(seed),
-            ]
-            done = subprocess.run(
-                cmd,
-                capture_output=True,
-                text=True,
-                cwd=REPO,
-                env={**os.environ, "PYTHONPATH": str(REPO)},
+            runs[name].append(
+                run_cold(name, args.trials, args.epochs, seed, args.cpus, args.train_fraction)
             )
-            lines = [ln for ln in done.stdout.splitlines() if ln.startswith("RESULT ")]
-            if done.returncode != 0 or not lines:
-                raise SystemExit(f"{name} failed:\n{done.stderr[-3000:]}")
-            runs[name] += json.loads(lines[-1][len("RESULT ") :])
             print(
-                f"  seed {seed} {name:<10} {runs[name][-1]['wall_s']:6.1f} s",
+                f"  seed {seed} {name:<10} {runs[name][-1]['wall_s']:6.1f} s "
+                f"{runs[name][-1]['epochs']:4d} epochs",
                 file=sys.stderr,
                 flush=True,
             )
@@ -485,7 +423,8 @@ def main() -> None:
 
     ours = next((s for s in summary if s["contender"] == "search"), None)
     print(
-        f"\ndigits CNN, {args.trials} trials x {args.epochs} epochs, seeds {args.seeds}, "
+        f"\ndigits CNN, {args.trials} trials x {args.epochs} epochs, train fraction "
+        f"{args.train_fraction}, seeds {args.seeds}, "
         f"{args.cpus} CPUs, target val_accuracy {args.target} (medians over seeds)"
     )
     print(

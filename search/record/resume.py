@@ -8,7 +8,8 @@ RUNNING or WAITING was left by a dead one:
   before the attributes and the state) gets that fate, as if its driver had lived;
 * any other is recorded as FAIL with the reason :data:`INTERRUPTED` and replaced (it does not
   count against the budget);
-* COMPLETE, PRUNED and genuinely failed trials count, so the new run only adds what is left;
+* COMPLETE, PRUNED and genuinely failed trials count, so the new run only adds what is left
+  (trials a warm start imported were not run here, and do not);
 * ASHA's rungs are refilled from the earlier trials' intermediate values
   (:meth:`search.run.scheduler.PruneReportingASHA.restore_rungs`), so a resumed run prunes
   against the same bar the first run set.
@@ -22,6 +23,10 @@ from typing import Any
 
 import optuna
 from optuna.trial import TrialState
+
+IMPORTED = "imported_from"
+"""Trial user attribute of a trial a warm start copied from another study
+(:mod:`search.record.warm`): not run here, so it never counts against the budget."""
 
 INTERRUPTED = "interrupted: its driver stopped before the trial ended; replaced by a new trial"
 FATE = "search:fate"
@@ -78,7 +83,9 @@ def recover(study: optuna.Study) -> Recovery:
     counted = sum(
         1
         for t in study.get_trials(deepcopy=False)
-        if t.state.is_finished() and t.user_attrs.get("fail_reason") != INTERRUPTED
+        if t.state.is_finished()
+        and t.user_attrs.get("fail_reason") != INTERRUPTED
+        and IMPORTED not in t.user_attrs
     )
     return Recovery(tuple(interrupted), counted, tuple(completed))
 

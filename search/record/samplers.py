@@ -6,13 +6,15 @@ Ray ignores its own ``seed=`` when a sampler is passed, so the seed goes into th
 from __future__ import annotations
 
 import warnings
-from typing import TYPE_CHECKING
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
 
 import optuna
 from optuna.trial import TrialState
 
 from search.record.history import BoundedTPESampler
 from search.record.resume import INTERRUPTED
+from search.spec.pinned import PINNED
 from search.spec.space import grid
 
 if TYPE_CHECKING:
@@ -58,9 +60,26 @@ def grid_size(spec: StudySpec) -> int | None:
     return size
 
 
-def build_sampler(spec: StudySpec, offset: int = 0) -> optuna.samplers.BaseSampler:
+def sampler_args(spec: StudySpec, stored: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """Every argument the spec's sampler is built with (its seed aside): the pinned ones
+    (:data:`~search.spec.pinned.PINNED`), then those ``stored`` on the study when it was
+    created (a resume samples as the first run did), then the spec's ``sampler.args``.
+
+    Example:
+        >>> sampler_args(spec)["n_startup_trials"]  # doctest: +SKIP
+        10
+    """
+    pinned = PINNED.get(spec.sampler.name, {})
+    earlier = {k: v for k, v in (stored or {}).items() if k in pinned}
+    return {**pinned, **earlier, **spec.sampler.args}
+
+
+def build_sampler(
+    spec: StudySpec, offset: int = 0, stored: Mapping[str, Any] | None = None
+) -> optuna.samplers.BaseSampler:
     """The sampler the spec names, seeded with ``sampler.seed + offset`` (``offset``: the
-    trials a resumed study already has, so it continues rather than replays its draws).
+    trials a resumed study already has, so it continues rather than replays its draws), with
+    the arguments of :func:`sampler_args`.
 
     TPE runs multivariate and grouped (conditional parameters get their own groups) with the
     constant liar, so trials proposed while others still run do not all pile onto one point;
@@ -71,15 +90,24 @@ def build_sampler(spec: StudySpec, offset: int = 0) -> optuna.samplers.BaseSampl
         <search.record.history.BoundedTPESampler object at ...>
     """
     seed = None if spec.sampler.seed is None else spec.sampler.seed + offset
-    name = spec.sampler.name
+    name, args = spec.sampler.name, sampler_args(spec, stored)
     if name == "tpe":
         with warnings.catch_warnings():  # group and constant_liar are "experimental" since 2.x
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            return BoundedTPESampler(
-                seed=seed, multivariate=True, group=True, constant_liar=True, n_startup_trials=8
-            )
+            return BoundedTPESampler(seed=seed, **args)
     if name == "random":
         return optuna.samplers.RandomSampler(seed=seed)
     if name == "cmaes":
-        return optuna.samplers.CmaEsSampler(seed=seed, warn_independent_sampling=False)
+        return optuna.samplers.CmaEsSampler(seed=seed, warn_independent_sampling=False, **args)
     return _Grid(grid(spec.space), seed=seed)
+
+
+def describe(spec: StudySpec, stored: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """What the study records of its sampler (user attribute ``sampler``): its name, seed,
+    every argument, and the Optuna version that first ran it."""
+    return {
+        "name": spec.sampler.name,
+        "seed": spec.sampler.seed,
+        "args": sampler_args(spec, stored),
+        "optuna": optuna.__version__,
+    }

@@ -4,18 +4,22 @@ from __future__ import annotations
 
 import warnings
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import optuna
 
 from search.errors import SearchError
 from search.record.lease import StudyLease
-from search.record.samplers import build_sampler
+from search.record.samplers import build_sampler, describe
 from search.record.storage import open_storage, redact
 from search.spec.derive import incompatible_change
 
 if TYPE_CHECKING:
     from search.spec.schema import StudySpec
+
+SAMPLER = "sampler"
+"""Study user attribute: the sampler's name, seed, every argument and the Optuna version that
+first ran it (:func:`search.record.samplers.describe`)."""
 
 CONFIRM_SUFFIX = "-confirm"
 """The confirmation runs of study ``X`` are the trials of study ``X-confirm``."""
@@ -55,15 +59,16 @@ def open_study(spec: StudySpec, restart: bool = False, source: str = "spec") -> 
         lease.release()
         optuna.delete_study(study_name=spec.study, storage=storage)
         found = False
-    done = 0
+    done, stored = 0, None
     if found:
         existing = optuna.load_study(study_name=spec.study, storage=storage)
         _check_resumable(existing, spec, source)
         done = len(existing.get_trials(deepcopy=False))
+        stored = stored_sampler_args(existing, spec)
     study = optuna.create_study(
         study_name=spec.study,
         storage=storage,
-        sampler=build_sampler(spec, offset=done),
+        sampler=build_sampler(spec, offset=done, stored=stored),
         directions=directions(spec),
         load_if_exists=True,
     )
@@ -102,9 +107,26 @@ def _check_resumable(summary: optuna.Study, spec: StudySpec, source: str) -> Non
         )
 
 
+def stored_sampler_args(study: optuna.Study, spec: StudySpec) -> dict[str, Any] | None:
+    """The arguments the study's sampler was first built with (user attribute ``sampler``),
+    when it is the sampler the spec names."""
+    stored = study.user_attrs.get(SAMPLER)
+    if isinstance(stored, dict) and stored.get("name") == spec.sampler.name:
+        return dict(stored.get("args") or {})
+    return None
+
+
 def record_spec(study: optuna.Study, spec: StudySpec) -> None:
     """Stores ``spec`` (password redacted) on ``study``; a changed one (more trials, a longer
-    time limit) is added to the history in the user attribute ``spec_history``."""
+    time limit) is added to the history in the user attribute ``spec_history``. The sampler's
+    every argument goes into the user attribute ``sampler`` (:func:`describe`), once per
+    sampler: a resume keeps what the first run used."""
+    described, old = describe(spec, stored_sampler_args(study, spec)), study.user_attrs.get(SAMPLER)
+    if not isinstance(old, dict) or [old.get("name"), old.get("args")] != [
+        described["name"],
+        described["args"],
+    ]:
+        study.set_user_attr(SAMPLER, described)
     new = spec.to_dict() | {"storage": redact(spec.storage)}
     old = study.user_attrs.get("spec")
     if isinstance(old, dict) and old != new:

@@ -25,6 +25,7 @@ from ray.tune.search import Searcher
 
 from search.record.fate import NUMBER, SEED, TrialRecord, error_summary
 from search.record.resume import FATE, fate_record
+from search.record.warm import START_FROM
 from search.spec.space import sample
 
 if TYPE_CHECKING:
@@ -73,6 +74,8 @@ class OptunaBridge(Searcher):
         seed: Base seed; trial ``n`` trains with ``seed + n``.
         run_id: This run's id, recorded on every trial it creates (user attribute ``driver``).
         listeners: Called with each trial's :class:`Outcome` once the study holds it.
+        start: ``(index, config)`` of the ``sampler.start_from`` configs still to run: the
+            next trials take them, in order (:mod:`search.record.warm`).
 
     Example:
         >>> bridge = OptunaBridge(study, spec.space, {}, metric="val_accuracy",
@@ -92,6 +95,7 @@ class OptunaBridge(Searcher):
         seed: int = 0,
         run_id: str = "",
         listeners: Sequence[Callable[[Outcome], None]] = (),
+        start: Sequence[tuple[int, Mapping[str, Any]]] = (),
     ) -> None:
         super().__init__(metric=metric, mode=mode)
         self._study = study
@@ -103,6 +107,7 @@ class OptunaBridge(Searcher):
         self._driver = run_id
         self._live: dict[str, tuple[optuna.Trial, TrialRecord]] = {}
         self._listeners = list(listeners)
+        self._start = list(start)
         self.finished: dict[str, tuple[int, str]] = {}
         """Ray trial id -> (Optuna trial number, final state name), for callers and tests."""
         self.outcomes: dict[str, Outcome] = {}
@@ -128,7 +133,7 @@ class OptunaBridge(Searcher):
         here enqueues trials, and a resume fails the WAITING ones a dead driver left."""
         study = self._study
         study._thread_local.cached_all_trials = None  # as ask: read the storage afresh
-        template = running_template(self._driver)
+        template = running_template(self._driver, self._start.pop(0) if self._start else None)
         return optuna.Trial(study, study._storage.create_new_trial(study._study_id, template))
 
     def on_trial_result(self, trial_id: str, result: dict[str, Any]) -> None:
@@ -277,8 +282,12 @@ def _trial_error(trial: Trial) -> BaseException | None:
     return error if isinstance(error, BaseException) else None
 
 
-def running_template(driver: str) -> optuna.trial.FrozenTrial:
-    """The template a trial is created from: RUNNING from now, with its driver's id.
+def running_template(
+    driver: str, start: tuple[int, Mapping[str, Any]] | None = None
+) -> optuna.trial.FrozenTrial:
+    """The template a trial is created from: RUNNING from now, with its driver's id; with
+    ``start`` (a ``sampler.start_from`` config and its index), the config's parameters fixed
+    as Optuna's ``enqueue_trial`` fixes them.
 
     Example:
         >>> running_template("host/1a2b").state.name
@@ -292,8 +301,8 @@ def running_template(driver: str) -> optuna.trial.FrozenTrial:
         datetime_complete=None,
         params={},
         distributions={},
-        user_attrs={"driver": driver},
-        system_attrs={},
+        user_attrs={"driver": driver, **({START_FROM: start[0]} if start else {})},
+        system_attrs={"fixed_params": dict(start[1])} if start else {},
         intermediate_values={},
         trial_id=-1,
     )

@@ -23,6 +23,7 @@ from ray.tune.stopper import CombinedStopper
 from search.contract import declarations
 from search.record.queries import EPOCHS_FILE, append_epochs, objective_curves, read_epochs
 from search.record.resume import earlier_curves
+from search.record.warm import pending_start
 from search.record.writeback import WriteBehindStorage
 from search.run.bridge import ErrorCallback, OptunaBridge
 from search.run.budget import BUDGET_CAUSE, DeviceBudget, budget_for, spent_before
@@ -82,6 +83,7 @@ def fit(
         seed=spec.sampler.seed or 0,
         run_id=run_id,
         listeners=[watch, lambda done: append_epochs(table, done.number, done.metrics)],
+        start=pending_start(study, spec),
     )
     stopper = RunStopper(spec.budget.time_limit_s, bridge.mark_interrupted, lambda: watch.verdict)
     meter = _device_budget(spec, placement, bridge)

@@ -14,6 +14,7 @@ from search.record.resume import recover
 from search.record.samplers import grid_size
 from search.record.storage import redact
 from search.record.study import open_study, record_spec
+from search.record.warm import earlier_study, import_trials
 from search.run.cluster import init_ray
 from search.run.data import load_data
 from search.run.fit import fit
@@ -44,6 +45,7 @@ def run_study(spec: StudySpec, options: RunOptions = RunOptions()) -> RunSummary
     study, lease, data = _open_while_ray_starts(spec, options, knobs=not builtin)
     try:
         record_spec(study, spec)
+        import_trials(study, spec, options.source)
         recovery = recover(study)
         budget = min(spec.budget.trials, grid_size(spec) or spec.budget.trials) - recovery.counted
         finished, stopped, hours = (
@@ -74,6 +76,8 @@ def _open(
     misspelled knob stops here, before the study exists."""
     if knobs:
         check_knobs(spec, options.source)
+    if spec.warm_start is not None:
+        earlier_study(spec, options.source)  # a missing one stops the run before the study
     study = open_study(spec, restart=options.restart, source=options.source)
     lease = StudyLease(spec.storage, spec.study, new_run_id())
     lease.acquire(options.takeover)

@@ -72,6 +72,10 @@ def asha_milestones(grace_period: float, reduction_factor: float, max_epochs: in
 FIXED_FIELDS = ("trainable", "objective", "space", "fixed", "data", "budget.max_epochs", "asha")
 """What a resumed study must keep: they say what its trials mean and how they are compared."""
 
+ADDED_LATER: dict[str, dict[str, Any]] = {"asha": {"brackets": 1}}
+"""Fields added to :data:`FIXED_FIELDS` blocks after studies were stored without them, with
+the value that means what those studies did."""
+
 
 def _at(data: Mapping[str, Any], path: str) -> Any:
     for key in path.split("."):
@@ -97,6 +101,8 @@ def incompatible_change(stored: Mapping[str, Any], spec: StudySpec) -> str | Non
     current = spec.to_dict()
     for path in FIXED_FIELDS:
         before, now = _at(stored, path), _at(current, path)
+        if path in ADDED_LATER and isinstance(before, Mapping):  # a study from before them
+            before = {**ADDED_LATER[path], **before}
         if before != now:
             return f"{path}: was {before}, now {now}"
     return None

@@ -30,7 +30,8 @@ from pydantic import (
 
 from search.contract import UnknownTrainableError, check_trainable
 from search.errors import SpecError
-from search.spec.space import Param, check_space, grid
+from search.spec.pinned import PINNED
+from search.spec.space import Param, check_config, check_space, grid
 
 DEFAULT_STORAGE = "sqlite:///results/optuna.db"
 _FIELD_PREFIX = re.compile(r"^[A-Za-z_][\w.]*: ")
@@ -129,10 +130,31 @@ class SamplerSpec(_Strict):
 
     name: Literal["tpe", "random", "cmaes", "grid"] = "tpe"
     seed: int | None = 0
+    args: dict[str, Any] = {}
+    """Arguments of the sampler that override the ones the project pins
+    (:data:`search.record.samplers.PINNED`), e.g. ``{n_startup_trials: 16}`` for TPE."""
     start_from: list[dict[str, Any]] = []
     """Configs the user already trusts (their current defaults), run first, in order, before
     the sampler proposes anything (Optuna's ``enqueue_trial``). Each names values of the
     space's parameters; a parameter it leaves out is sampled."""
+
+    @model_validator(mode="after")
+    def _known_args(self) -> SamplerSpec:
+        known = PINNED.get(self.name, {})
+        for key, value in self.args.items():
+            if key not in known:
+                names = ", ".join(sorted(known)) or "none"
+                raise ValueError(
+                    f"sampler.args.{key}: not an argument the {self.name} sampler takes "
+                    f"(it takes: {names})"
+                )
+            if not isinstance(value, type(known[key])) or isinstance(value, bool) != isinstance(
+                known[key], bool
+            ):
+                raise ValueError(
+                    f"sampler.args.{key}: expected a {type(known[key]).__name__}, got {value!r}"
+                )
+        return self
 
 
 class WarmStartSpec(_Strict):
@@ -262,6 +284,11 @@ class StudySpec(_Strict):
     @model_validator(mode="after")
     def _consistent(self) -> StudySpec:
         check_space(self.space, self.fixed)
+        for index, config in enumerate(self.sampler.start_from):
+            try:
+                check_config(self.space, config)
+            except ValueError as exc:
+                raise ValueError(f"sampler.start_from.{index}.{exc}") from None
         if self.multi_objective and self.sampler.name == "cmaes":
             raise ValueError("sampler.name: cmaes optimizes one objective; use tpe, random or grid")
         if self.sampler.name == "grid":

