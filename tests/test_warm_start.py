@@ -53,7 +53,7 @@ def test_the_study_stores_every_pinned_argument_and_a_resume_keeps_them(tmp_path
     ("sampler", "message"),
     [
         ({"name": "tpe", "args": {"n_startup": 3}}, "sampler.args.n_startup: not an argument"),
-        ({"name": "tpe", "args": {"multivariate": 1}}, "sampler.args.multivariate: expected a bool"),
+        ({"name": "tpe", "args": {"multivariate": 1}}, "args.multivariate: expected a bool"),
         ({"name": "random", "args": {"n_startup_trials": 3}}, "the random sampler takes"),
         ({"name": "tpe", "start_from": [{"x": 2.0}]}, "sampler.start_from.0.x: expected a value"),
         ({"name": "tpe", "start_from": [{"y": 0.5}]}, "sampler.start_from.0.y: not a parameter"),
