@@ -35,8 +35,12 @@ SETTINGS: dict[str, dict[str, Any]] = {
     "univariate": {"multivariate": False, "group": False},
     "no-liar": {"constant_liar": False},
     "startup-scaled": {"n_startup_trials": "scaled"},
+    "startup-adaptive": {"n_startup_trials": "adaptive"},
+    "univariate-adaptive": {"multivariate": False, "group": False, "n_startup_trials": "adaptive"},
 }
-"""Overrides of the project's pinned TPE arguments; ``"scaled"``: max(10, 2 K)."""
+"""Overrides of the project's pinned TPE arguments; ``"scaled"``: max(10, 2 K); ``"adaptive"``:
+max(1, 11 - K), so that about 10 trials are random in all, the K that start with nothing to
+learn from included (Optuna counts only finished trials towards ``n_startup_trials``)."""
 
 
 class Table:
@@ -85,6 +89,8 @@ def _sampler(setting: dict[str, Any], seed: int, concurrency: int) -> Any:
     args = dict(setting)
     if args.get("n_startup_trials") == "scaled":
         args["n_startup_trials"] = max(10, 2 * concurrency)
+    if args.get("n_startup_trials") == "adaptive":
+        args["n_startup_trials"] = max(1, 11 - concurrency)
     spec = parse_spec(
         {
             "study": "sim",

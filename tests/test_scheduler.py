@@ -57,3 +57,50 @@ def test_the_deadline_stops_running_trials_but_not_one_that_ended_itself() -> No
     assert not stopper("a", {"training_iteration": 5})
     assert stopper("b", {"training_iteration": 3})  # b was still training: cut
     assert stopped == ["b"]
+
+
+def _drive(asha: PruneReportingASHA, curves: dict[str, list[float]]) -> dict[str, int]:
+    """Runs the curves two at a time, one epoch each per step, in the order given; returns the
+    epochs each trial trained before it stopped or finished."""
+    from types import SimpleNamespace
+
+    from ray.tune.schedulers import TrialScheduler
+
+    trained: dict[str, int] = {}
+    names = list(curves)
+    for name in names:
+        asha.on_trial_add(None, SimpleNamespace(trial_id=name))
+    running, waiting = names[:2], names[2:]
+    while running:
+        for name in list(running):
+            epoch = trained.get(name, 0) + 1
+            trained[name] = epoch
+            result = {"training_iteration": epoch, "acc": curves[name][epoch - 1]}
+            decision = asha.on_trial_result(None, SimpleNamespace(trial_id=name), result)
+            if decision == TrialScheduler.STOP or epoch == len(curves[name]):
+                running.remove(name)
+                if waiting:
+                    running.append(waiting.pop(0))
+    return trained
+
+
+def test_recheck_stops_a_free_first_arrival_that_later_arrivals_leave_behind() -> None:
+    from search.run.scheduler import build_scheduler
+    from search.spec.schema import parse_spec
+
+    flat = [0.1] * 9  # the first arrival at every rung: passes each one for free
+    good = [0.5 + e / 100 for e in range(9)]
+    curves = {"junk": flat, "a": good, "b": good, "c": good}
+    data = {
+        "study": "s",
+        "trainable": "search.testing:curve",
+        "objective": {"metric": "acc", "mode": "max"},
+        "budget": {"trials": 4, "max_epochs": 9},
+    }
+    for recheck, junk_epochs in [(False, 9), (True, 2)]:
+        pruned: list[str] = []
+        spec = parse_spec({**data, "asha": {"recheck": recheck}})
+        trained = _drive(build_scheduler(spec, pruned.append), curves)  # type: ignore[arg-type]
+        assert trained["junk"] == junk_epochs
+        assert ("junk" in pruned) is recheck
+        assert trained["a"] == 9  # a good trial is never held back by it

@@ -28,14 +28,39 @@ TIME_ATTR = "training_iteration"
 class PruneReportingASHA(AsyncHyperBandScheduler):
     """ASHA that calls ``on_prune(trial_id)`` when it stops a trial before ``max_t``.
 
+    With ``recheck``, a trial is also held to its last rung after it passed it: Ray's ASHA
+    compares a trial with a rung once, when it arrives, so the first arrivals pass with nothing
+    to compare against and run on to the next rung whatever the later arrivals show. Rechecked,
+    a trial whose value at its last rung has fallen below that rung's cutoff (the top
+    ``1/reduction_factor`` of every value the rung now holds, its own included) is stopped at
+    its next epoch, as synchronous successive halving would have stopped it.
+
     Args:
         on_prune: Receives the Ray trial id of every trial ASHA prunes.
+        recheck: Hold trials to their last rung at every epoch, not only on arrival.
         **kwargs: Passed to :class:`ray.tune.schedulers.AsyncHyperBandScheduler`.
+
+    Example:
+        >>> from types import SimpleNamespace as T
+        >>> asha = PruneReportingASHA(print, recheck=True, time_attr="epoch", metric="acc",
+        ...                           mode="max", max_t=9, grace_period=1, reduction_factor=3)
+        >>> for name in "ab":
+        ...     asha.on_trial_add(None, T(trial_id=name))
+        >>> asha.on_trial_result(None, T(trial_id="a"), {"epoch": 1, "acc": 0.1})  # first: passes
+        'CONTINUE'
+        >>> asha.on_trial_result(None, T(trial_id="b"), {"epoch": 1, "acc": 0.9})
+        'CONTINUE'
+        >>> asha.on_trial_result(None, T(trial_id="a"), {"epoch": 2, "acc": 0.2})  # now behind
+        a
+        'STOP'
     """
 
-    def __init__(self, on_prune: Callable[[str], None], **kwargs: Any) -> None:
+    def __init__(
+        self, on_prune: Callable[[str], None], recheck: bool = False, **kwargs: Any
+    ) -> None:
         super().__init__(**kwargs)
         self._on_prune = on_prune
+        self._recheck = recheck
 
     def restore_rungs(self, curves: Iterable[Mapping[int, float]]) -> int:
         """Refills the rungs with earlier trials' values at each milestone (for a resume).
@@ -54,9 +79,26 @@ class PruneReportingASHA(AsyncHyperBandScheduler):
 
     def on_trial_result(self, tune_controller: Any, trial: Trial, result: dict) -> str:
         decision = super().on_trial_result(tune_controller, trial, result)
+        if decision == TrialScheduler.CONTINUE and self._recheck and self._behind(trial, result):
+            decision = TrialScheduler.STOP
+            self._num_stopped += 1
         if decision == TrialScheduler.STOP and result.get(self._time_attr, 0) < self._max_t:
             self._on_prune(trial.trial_id)
         return decision
+
+    def _behind(self, trial: Trial, result: Mapping[str, Any]) -> bool:
+        """Whether the trial's value at its last rung, passed before this result, is now below
+        that rung's cutoff."""
+        epoch, bracket = result.get(self._time_attr), self._trial_info.get(trial.trial_id)
+        if bracket is None or epoch is None or self._metric not in result:
+            return False
+        for milestone, recorded in bracket._rungs:  # highest first
+            if trial.trial_id in recorded:
+                if epoch <= rung_epoch(milestone):  # arrived with this result: Ray decided
+                    return False
+                cutoff = bracket.cutoff(recorded)
+                return cutoff is not None and recorded[trial.trial_id] < cutoff
+        return False
 
 
 def build_scheduler(spec: StudySpec, on_prune: Callable[[str], None]) -> TrialScheduler:
@@ -83,4 +125,5 @@ def build_scheduler(spec: StudySpec, on_prune: Callable[[str], None]) -> TrialSc
         grace_period=spec.asha.grace_period,
         reduction_factor=spec.asha.reduction_factor,
         brackets=spec.asha.brackets,
+        recheck=spec.asha.recheck,
     )

@@ -72,7 +72,7 @@ def asha_milestones(grace_period: float, reduction_factor: float, max_epochs: in
 FIXED_FIELDS = ("trainable", "objective", "space", "fixed", "data", "budget.max_epochs", "asha")
 """What a resumed study must keep: they say what its trials mean and how they are compared."""
 
-ADDED_LATER: dict[str, dict[str, Any]] = {"asha": {"brackets": 1}}
+ADDED_LATER: dict[str, dict[str, Any]] = {"asha": {"brackets": 1, "recheck": False}}
 """Fields added to :data:`FIXED_FIELDS` blocks after studies were stored without them, with
 the value that means what those studies did."""
 

@@ -123,6 +123,10 @@ class AshaSpec(_Strict):
     """Hyperband brackets (Ray's ``AsyncHyperBandScheduler(brackets=...)``): bracket ``s``
     starts its trials at ``grace_period * reduction_factor**s`` epochs, for tasks whose early
     epochs mislead. 1 is plain ASHA."""
+    recheck: bool = False
+    """Hold a trial to its last rung at every epoch, not only when it arrives there: one whose
+    value at that rung later arrivals push below the rung's cutoff stops at its next epoch
+    (:class:`search.run.scheduler.PruneReportingASHA`)."""
 
 
 class SamplerSpec(_Strict):
@@ -295,6 +299,8 @@ class StudySpec(_Strict):
             grid(self.space)
         if self.multi_objective and self.asha.brackets > 1:
             raise ValueError("asha.brackets: MO-ASHA runs one bracket; leave brackets at 1")
+        if self.multi_objective and self.asha.recheck:
+            raise ValueError("asha.recheck: MO-ASHA checks a trial on arrival only; leave it off")
         if self.asha.grace_period > self.budget.max_epochs:
             raise ValueError(
                 f"asha.grace_period: must not exceed budget.max_epochs "
