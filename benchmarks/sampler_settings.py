@@ -102,15 +102,19 @@ def _sampler(setting: dict[str, Any], seed: int, concurrency: int) -> Any:
     return build_sampler(spec)
 
 
-def simulate(table: Table, setting: dict, seed: int, k: int, trials: int) -> list[float]:
-    """The best true mean val_loss after each finished trial, K trials at a time."""
+def simulate(
+    table: Table, setting: dict, seed: int, k: int, trials: int, study: Any = None
+) -> list[float]:
+    """The best true mean loss after each finished trial, K trials at a time (on ``study``
+    when given: one a warm start or a start config prepared)."""
     import numpy as np
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.ERROR)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        study = optuna.create_study(sampler=_sampler(setting, seed, k))
+    if study is None:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            study = optuna.create_study(sampler=_sampler(setting, seed, k))
     rng = np.random.default_rng(seed)
     running: list[tuple[float, int, Any, float, float]] = []
     order = itertools.count()
@@ -128,6 +132,55 @@ def simulate(table: Table, setting: dict, seed: int, k: int, trials: int) -> lis
     return curve
 
 
+def good_start(table: Table, name: str, seed: int, k: int, trials: int, tmp: Path) -> list[float]:
+    """One run that starts ``cold``, from a good config (``start``: ``sampler.start_from``
+    with a config in the table's best 1 %, as a user's trusted defaults), or ``warm``
+    (``warm_start`` from an earlier 25-trial study of another seed, through
+    :func:`search.record.warm.import_trials`)."""
+    import numpy as np
+    import optuna
+
+    from search.record.warm import import_trials
+    from search.spec.schema import parse_spec
+
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    url = f"sqlite:///{tmp}/warm-{seed}.db"
+    if name == "warm" and "earlier" not in optuna.get_all_study_names(url):
+        sampler = _sampler({}, 10_000 + seed, k)
+        earlier = optuna.create_study(study_name="earlier", storage=url, sampler=sampler)
+        simulate(table, {}, 10_000 + seed, k, 25, study=earlier)
+    spec = parse_spec(
+        {
+            "study": "sim",
+            "trainable": "search.testing:curve",
+            "objective": {"metric": "val_loss", "mode": "min"},
+            "warm_start": {"study": "earlier", "storage": url} if name == "warm" else None,
+            "space": {
+                key: {"choice": values}
+                if isinstance(values[0], str)
+                else {"int": [0, len(values) - 1]}
+                for key, values in table.space.items()
+            },
+        }
+    )
+    study = optuna.create_study(sampler=_sampler({}, seed, k))
+    import_trials(study, spec)
+    if name == "start":
+        keys = list(table.bench._dataset)
+        means = np.array([table._mean(table.bench._dataset[key]) for key in keys])
+        good = keys[int(np.argsort(means)[len(keys) // 100])]  # the top 1 % boundary
+        study.enqueue_trial(_params(table, good))
+    return simulate(table, {}, seed, k, trials, study=study)  # the best of the trials run here
+
+
+def _params(table: Table, key: str) -> dict[str, Any]:
+    """The trial parameters of a table's config key (its choice indices)."""
+    params: dict[str, Any] = {}
+    for digit, (name, values) in zip(key, table.space.items(), strict=True):
+        params[name] = values[int(digit)] if isinstance(values[0], str) else int(digit)
+    return params
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--tables", nargs="+", default=["slice_localization"])
@@ -135,7 +188,11 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=5)
     parser.add_argument("--trials", type=int, default=100)
     parser.add_argument("--only", nargs="*", choices=list(SETTINGS))
+    parser.add_argument("--good-start", action="store_true", help="cold vs start_from vs warm")
     args = parser.parse_args()
+    if args.good_start:
+        _print_good_start(args)
+        return
     names = args.only or list(SETTINGS)
     marks = [m for m in (25, 50, 100, 200) if m <= args.trials]
     print("| table | K | setting | " + " | ".join(f"@{m}" for m in marks) + " | s/run |")
@@ -154,6 +211,28 @@ def main() -> None:
                     cells.append(f"{statistics.median(regrets):.2f}")
                 print(f"| {name} | {k} | {setting} | " + " | ".join(cells) + f" | {per_run:.1f} |")
                 sys.stdout.flush()
+
+
+def _print_good_start(args: argparse.Namespace) -> None:
+    import tempfile
+
+    marks = [m for m in (10, 25, 50) if m <= args.trials]
+    print("| table | K | start | " + " | ".join(f"@{m}" for m in marks) + " |")
+    print("|---|---|---|" + "---|" * len(marks))
+    with tempfile.TemporaryDirectory() as folder:
+        for name in args.tables:
+            table = Table(name)
+            for k in args.concurrency:
+                for start in ("cold", "start", "warm"):
+                    curves = [
+                        good_start(table, start, seed, k, args.trials, Path(folder))
+                        for seed in range(args.seeds)
+                    ]
+                    cells = []
+                    for m in marks:
+                        regrets = [math.log10(max(c[m - 1] - table.best, 1e-12)) for c in curves]
+                        cells.append(f"{statistics.median(regrets):.2f}")
+                    print(f"| {name} | {k} | {start} | " + " | ".join(cells) + " |", flush=True)
 
 
 if __name__ == "__main__":
