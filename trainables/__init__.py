@@ -4,6 +4,7 @@ One package per framework, imported only when a study names one of its trainable
 importing this package imports no framework::
 
     knobs.py                  the knob names, defaults and choices both frameworks read
+    fraction.py               subsample: the same ``train_fraction`` share in both
     torch/  common.py         setup(config, defaults, ctx) -> (cfg, torch.device), optimizer,
                               schedule, precision, early stopping, profiler
             data.py           load_data: arrays or image folder -> Tensors (scaled, subsampled)
