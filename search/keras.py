@@ -4,7 +4,7 @@ A trainable builds and compiles its own Keras 3 model (TensorFlow backend) and h
 to :func:`fit`::
 
     import search.keras
-    from search.contract import trainable
+    from search import trainable
 
     @trainable(defaults={"lr": 1e-2, "batch_size": 16})
     def train(config, data, ctx):

@@ -4,6 +4,7 @@ One package per framework, imported only when a study names one of its trainable
 importing this package imports no framework::
 
     knobs.py                  the knob names, defaults and choices both frameworks read
+    fraction.py               subsample: the same ``train_fraction`` share in both
     torch/  common.py         setup(config, defaults, ctx) -> (cfg, torch.device), optimizer,
                               schedule, precision, early stopping, profiler
             data.py           load_data: arrays or image folder -> Tensors (scaled, subsampled)
@@ -19,10 +20,10 @@ importing this package imports no framework::
             cnn.py transfer.py               tf_cnn, tf_transfer
 
 The twins are built the same way: ``cfg, device = setup(...)``, ``data = load_data(data, ctx,
-train_fraction)`` (an image folder is read by :func:`search.contract.dataset.materialize` for
+train_fraction)`` (an image folder is read by :func:`search.materialize` for
 both, so both see the same files, split and numbers), build the model, then
 ``return (yield from fit_epochs(model, data, cfg, ctx, device))``: the generator returns
 ``(model, data)`` after its last epoch, for the export hook (``train.exporter(make_exporter(
 train))``). Each ``train`` declares its defaults and data-parallel mode with
-:func:`search.contract.trainable`.
+:func:`search.trainable`.
 """

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from search.contract import ConfigError
+from search import ConfigError
 
 COMMON_DEFAULTS: dict[str, Any] = {
     "lr": 1e-3,

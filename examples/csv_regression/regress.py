@@ -13,8 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from search.contract import TrialContext, train_to_end, trainable
-from search.contract.inputs import write_inputs
+from search import TrialContext, train_to_end, trainable, write_inputs
 
 DEFAULTS = {"alpha": 1e-4, "eta0": 1e-2, "penalty": "l2"}
 

@@ -13,8 +13,7 @@ from typing import Any
 import numpy as np
 
 import search.keras
-from search.contract import TrialContext, trainable
-from search.contract.inputs import write_inputs
+from search import TrialContext, trainable, write_inputs
 
 DEFAULTS = {"lr": 1e-2, "units": 16, "batch_size": 16, "patience": 3}
 

@@ -15,8 +15,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from search.contract import TrialContext, train_to_end, trainable
-from search.contract.inputs import write_inputs
+from search import TrialContext, train_to_end, trainable, write_inputs
 
 DEFAULTS = {"lr": 1e-3, "hidden": 32, "dropout": 0.0, "weight_decay": 0.0, "batch_size": 64}
 """Every knob ``train`` reads, with its default (the spec's knobs are checked against it)."""

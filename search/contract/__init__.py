@@ -2,9 +2,8 @@
 
 What a trainable receives (:class:`TrialContext`, :class:`Dataset`), how it is found and what
 its module declares (:mod:`.registry`), and the one loop that drives it (:mod:`.driver`).
-A user's trainable needs nothing else::
-
-    from search.contract import Dataset, Metrics, TrialContext, trainable, train_to_end
+Internal: users import the public names from the package root (``from search import
+trainable, TrialContext``; :mod:`search`), which re-exports them from here.
 """
 
 from search.contract.context import (

@@ -10,13 +10,12 @@ An image folder is the exception: the driver only records its layout (:func:`ima
 and every trial reads it itself, the same way in every framework (:func:`materialize`):
 Pillow, RGB, resized to ``image_size``, NCHW float32 holding the pixel values 0..255, split by
 :func:`split` with the spec's ``val_fraction`` and ``split_seed``. A trainable then treats
-those arrays exactly as the digits: :func:`subsample` for ``train_fraction``, then division by
-the training split's largest value.
+those arrays exactly as the digits (the built-ins subsample them for ``train_fraction``, then
+divide by the training split's largest value).
 """
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -79,27 +78,6 @@ def load_digits(val_fraction: float, seed: int) -> Dataset:
     y = bunch.target.astype(np.int64)
     x_tr, y_tr, x_va, y_va = split(x, y, val_fraction, seed)
     return Dataset(x_tr, y_tr, x_va, y_va, num_classes=10, name="digits")
-
-
-def subsample(data: Dataset, fraction: float, seed: int = 0) -> Dataset:
-    """``data`` with a stratified ``fraction`` of its training split, the same in every trial.
-
-    At least one example of each class is kept; validation stays as it is.
-
-    Raises:
-        ValueError: When ``fraction`` is not in (0, 1].
-    """
-    if not 0.0 < fraction <= 1.0:
-        raise ValueError(f"train_fraction must be in (0, 1], got {fraction}")
-    if fraction == 1.0 or len(data.y_train) == 0:
-        return data
-    from sklearn.model_selection import train_test_split
-
-    n_keep = max(len(np.unique(data.y_train)), round(fraction * len(data.y_train)))
-    x, _, y, _ = train_test_split(
-        data.x_train, data.y_train, train_size=n_keep, random_state=seed, stratify=data.y_train
-    )
-    return dataclasses.replace(data, x_train=x, y_train=y)
 
 
 # --- image folders ----------------------------------------------------------------------------

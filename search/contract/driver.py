@@ -2,10 +2,10 @@
 
 A Ray trial (:mod:`search.run.worker`), a confirmation run, the final training of an export,
 ``python -m search train`` and the GPU memory probe all iterate a trainable the same way
-(:func:`drive`): number each epoch, turn its metrics into plain floats once, stop after the
-first non-finite metric or at the epoch budget, and close the generator however the loop
-ends. :func:`train_to_end` is that loop for export hooks, which also need the model the
-trainable returns.
+(:func:`drive`): number each epoch, turn its metrics into plain floats once (and drop, by
+name, those that are not numbers), stop after the first non-finite metric or at the epoch
+budget, and close the generator however the loop ends. :func:`train_to_end` is that loop for
+export hooks, which also need the model the trainable returns.
 """
 
 from __future__ import annotations
@@ -27,31 +27,50 @@ if TYPE_CHECKING:
 def as_number(value: Any) -> float | None:
     """``value`` as a Python float when it is a real number, else ``None``.
 
-    Python, NumPy and 0-d tensor scalars are numbers; ``bool``, strings, ``None`` and arrays
-    of more than one element are not. NumPy 2 scalars are not ``float``: this is where they
-    become one, once.
+    Python and NumPy numbers, booleans (0 or 1) and tensors or arrays of one element (0-d or
+    ``[x]``: NumPy, PyTorch, TensorFlow, JAX) are numbers; strings, ``None``, containers and
+    arrays of more than one element are not. NumPy 2 scalars are not ``float``: this is where
+    they become one, once.
 
     Example:
         >>> import numpy as np
-        >>> as_number(np.float32(0.5)), as_number(3), as_number("0.5"), as_number(None)
-        (0.5, 3.0, None, None)
+        >>> as_number(np.float32(0.5)), as_number(np.array([2])), as_number(np.bool_(True))
+        (0.5, 2.0, 1.0)
+        >>> as_number("0.5"), as_number(None), as_number([0.5]), as_number(np.zeros(2))
+        (None, None, None, None)
     """
-    if isinstance(value, bool) or value is None or isinstance(value, str | bytes):
+    if value is None or isinstance(value, str | bytes):
         return None
-    if isinstance(value, numbers.Real):
+    if isinstance(value, numbers.Real):  # bool too
         return float(value)
-    item = getattr(value, "item", None)  # numpy scalars and 0-d arrays, 0-d torch/tf tensors
-    size = getattr(value, "size", None)
-    if callable(item) and (size == 1 or getattr(value, "shape", None) in ((), [])):
-        try:
-            plain = item()
-        except (TypeError, ValueError, RuntimeError):
-            return None
-        return as_number(plain)
-    numpy = getattr(value, "numpy", None)  # an eager TensorFlow scalar
-    if callable(numpy) and getattr(value, "shape", None) == ():
-        return as_number(numpy())
-    return None
+    if _elements(value) != 1:
+        return None  # not an array or tensor, or not of one element
+    item = getattr(value, "item", None)  # numpy scalars and arrays, torch and jax tensors
+    numpy = getattr(value, "numpy", None)  # an eager TensorFlow tensor
+    try:
+        plain = item() if callable(item) else numpy() if callable(numpy) else None
+    except (TypeError, ValueError, RuntimeError):
+        return None
+    if plain is None or plain is value:
+        return None
+    return as_number(plain)
+
+
+def _elements(value: Any) -> int | None:
+    """How many elements an array or tensor holds (``None`` when it is neither)."""
+    numel = getattr(value, "numel", None)  # torch (its ``size`` is a method)
+    if callable(numel):
+        return int(numel())
+    size = getattr(value, "size", None)  # numpy, jax
+    if isinstance(size, int):
+        return size
+    shape = getattr(value, "shape", None)  # TensorFlow
+    if shape is None:
+        return None
+    try:
+        return math.prod(int(d) for d in shape)
+    except (TypeError, ValueError):
+        return None
 
 
 def as_metrics(raw: Mapping[str, Any]) -> dict[str, Any]:
@@ -104,14 +123,18 @@ class Epoch:
 
     Args:
         number: The epoch's number (from the context's ``start_epoch``).
-        metrics: Its metrics, every number a Python float.
+        metrics: Its metrics that are numbers, each a Python float.
         fail_reason: Set when a metric is NaN or infinite, or the objective metric is missing
             or not a number; the run ends with this epoch.
+        dropped: The sorted names of the other metrics it yielded that are not numbers
+            (strings, ``None``, lists, vectors...): left out of ``metrics``, so that nothing
+            downstream (Ray Tune's results, the study) has to hold them.
     """
 
     number: int
-    metrics: dict[str, Any]
+    metrics: Metrics
     fail_reason: str | None = None
+    dropped: tuple[str, ...] = ()
 
 
 def drive(
@@ -133,14 +156,18 @@ def drive(
         [1, 2]
         >>> [e.fail_reason for e in drive(iter([{"a": 1}, {"a": float("inf")}, {}]), 9)]
         [None, 'a is inf at epoch 2']
+        >>> [(e.metrics, e.dropped) for e in drive(iter([{"a": 1, "tag": "x"}]), 9, metric="a")]
+        [({'a': 1.0}, ('tag',))]
     """
     required = [metric] if isinstance(metric, str) else list(metric)
     try:
         for number, raw in enumerate(epochs, start=start):
-            metrics = as_metrics(raw)
-            missing = (metric_problem(metrics, m, number) for m in required if m)
-            reason = next((m for m in missing if m), None) or nonfinite_reason(metrics, number)
-            yield Epoch(number, metrics, reason)
+            converted = as_metrics(raw)
+            missing = (metric_problem(converted, m, number) for m in required if m)
+            reason = next((m for m in missing if m), None) or nonfinite_reason(converted, number)
+            metrics = {k: v for k, v in converted.items() if isinstance(v, float)}
+            dropped = sorted(k for k in converted if k not in metrics and k not in required)
+            yield Epoch(number, metrics, reason, tuple(dropped))
             if reason or number >= max_epochs:
                 return
     finally:

@@ -5,7 +5,7 @@ beside them it should declare the model's inputs, so that ``MODEL_CARD.md`` desc
 and ``python -m search check`` can run ``model.onnx`` from any folder without importing the
 trainable's package::
 
-    from search.contract.inputs import write_inputs
+    from search import write_inputs
 
     write_inputs(out_dir, {"x": x_val[:2]})                  # names, shapes, dtypes of arrays
     write_inputs(out_dir, out_dir / "model.onnx")            # or read from the ONNX graph

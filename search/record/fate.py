@@ -36,6 +36,8 @@ CODE_ERROR = RESERVED_PREFIX + "code_error"
 """Set on a failing result whose cause is the trainable's code: the same every time."""
 METRIC_KEYS = RESERVED_PREFIX + "metrics"
 """The names of the metrics the trainable itself yielded (Tune adds its own beside them)."""
+DROPPED = RESERVED_PREFIX + "dropped"
+"""The names of the metrics the trainable yielded that were not numbers (left out)."""
 LIMITS = RESERVED_PREFIX + "limits"
 """What the framework applied in the trial's process (threads, GPU memory cap), as JSON: Tune
 flattens a dict in a result into one key per entry."""
@@ -67,11 +69,14 @@ class TrialRecord:
     """Whether it failed by its code (an error that no retry fixes, a missing metric)."""
     metrics: dict[int, dict[str, float]] = field(default_factory=dict)
     """Every numeric metric the trainable yielded, per epoch."""
+    dropped: set[str] = field(default_factory=set)
+    """The metrics it yielded that were not numbers, over all its epochs."""
 
     def add(self, result: Mapping[str, Any]) -> tuple[int, float] | None:
         """Takes one reported result; returns ``(epoch, value)`` if it is a new epoch."""
         self.traceback = result.get(TRACEBACK) or self.traceback
         self.code_error = bool(result.get(CODE_ERROR)) or self.code_error
+        self.dropped.update(str(name) for name in result.get(DROPPED) or ())
         if result.get(NO_VALUE):
             self.last = dict(result)
             return None
@@ -153,6 +158,8 @@ class TrialRecord:
         if self.metrics:
             last = self.metrics[max(self.metrics)]
             attrs["metrics"] = {k: v for k, v in last.items() if math.isfinite(v)}
+        if self.dropped:
+            attrs["dropped_metrics"] = sorted(self.dropped)
         if self.traceback:
             attrs["traceback"] = self.traceback
         return attrs

@@ -197,7 +197,8 @@ def _fmt(value: Any) -> str:
 
 
 def confirmation_rows(confirm: optuna.Study) -> list[tuple[str, ...]]:
-    """Per source trial: the seeds' values, mean and spread of the latest export run."""
+    """Per source trial: the seeds' values, mean and spread of the latest export run, the best
+    mean first in the objective's direction (failed-only groups last)."""
     import statistics
 
     trials = [t for t in confirm.get_trials(deepcopy=False) if t.user_attrs.get("role")]
@@ -218,7 +219,8 @@ def confirmation_rows(confirm: optuna.Study) -> list[tuple[str, ...]]:
             for t in sorted(group, key=lambda t: int(t.user_attrs.get("seed", 0)))
         )
         rows.append((str(number), f"{mean:.4f}", f"{std:.4f}", str(len(group) - len(ok)), seeds))
-    return sorted(rows, key=lambda r: -float(r[1]) if r[1] != "nan" else math.inf)
+    sign = -1.0 if confirm.directions[0].name == "MAXIMIZE" else 1.0  # the best mean first
+    return sorted(rows, key=lambda r: sign * float(r[1]) if r[1] != "nan" else math.inf)
 
 
 def _front_section(study: optuna.Study) -> list[str]:

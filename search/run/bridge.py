@@ -48,6 +48,7 @@ class Outcome:
         code_error: Whether its own code failed it (an error no retry fixes, a missing metric,
             an error that outlived its retries), as opposed to a NaN or an interrupt.
         metrics: Every numeric metric it yielded, per epoch.
+        dropped: The sorted names of the metrics it yielded that were not numbers.
     """
 
     number: int
@@ -56,6 +57,7 @@ class Outcome:
     traceback: str | None = None
     code_error: bool = False
     metrics: dict[int, dict[str, float]] = field(default_factory=dict)
+    dropped: tuple[str, ...] = ()
 
 
 class OptunaBridge(Searcher):
@@ -219,6 +221,7 @@ class OptunaBridge(Searcher):
             record.traceback,
             record.code_error or record.errored,
             dict(record.metrics),
+            tuple(sorted(record.dropped)),
         )
         self.outcomes[trial_id] = outcome
         for listener in self._listeners:

@@ -63,7 +63,7 @@ def _tensorflow(ctx: TrialContext, fraction: float | None, applied: dict[str, An
     with contextlib.suppress(RuntimeError):
         tf.config.threading.set_intra_op_parallelism_threads(max(1, ctx.num_threads))
         tf.config.threading.set_inter_op_parallelism_threads(max(1, ctx.num_threads))
-    total = ctx.extras.get("gpu_total_bytes")
+    total = ctx.gpu_total_bytes
     for gpu in tf.config.list_physical_devices("GPU"):
         with contextlib.suppress(RuntimeError, ValueError):
             if fraction and total:

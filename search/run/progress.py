@@ -91,6 +91,7 @@ class ProgressCallback(Callback):
         self._states: dict[str, int] = {"COMPLETE": 0, "PRUNED": 0, "FAIL": 0}
         self._epochs: dict[str, int] = {}  # Ray trial id -> last epoch reported
         self._running: set[str] = set()
+        self._dropped: set[str] = set()  # metric names already said to be left out
 
     def __getstate__(self) -> dict[str, Any]:  # Ray pickles callbacks; consoles have locks
         return {**self.__dict__, "_console": None, "_live": None}
@@ -244,4 +245,17 @@ class ProgressCallback(Callback):
             f"[dim][{time.monotonic() - self._start:7.1f}s {self._done:>3}/{self._total}][/dim] "
             f"trial {number:>3} [{style}]{state:<8}[/{style}] epoch {epoch:>3} "
             f"{self._metric}={shown} best={best}{why}"
+        )
+        self._say_dropped(number, outcome.dropped if outcome is not None else ())
+
+    def _say_dropped(self, number: int, dropped: Sequence[str]) -> None:
+        """One line the first time metrics that are not numbers are left out (and again only
+        for names not yet said)."""
+        new = sorted(set(dropped) - self._dropped)
+        if not new:
+            return
+        self._dropped.update(new)
+        self._console.print(
+            f"[yellow]trial {number} yielded metrics that are not numbers; left out: "
+            f"{escape(', '.join(new))}[/yellow] [dim](user attribute dropped_metrics)[/dim]"
         )

@@ -26,6 +26,7 @@ from search.contract import RESERVED_PREFIX, ConfigError, TrialContext, declarat
 from search.record.fate import (
     CODE_ERROR,
     DEVICE,
+    DROPPED,
     EPOCH,
     FAIL_REASON,
     LIMITS,
@@ -199,6 +200,8 @@ def run_trial(config: dict[str, Any], job: TrialJob, data: Dataset) -> None:
                     METRIC_KEYS: sorted(epoch.metrics),
                     LIMITS: json.dumps(limits),
                 }
+                if epoch.dropped:
+                    report[DROPPED] = list(epoch.dropped)
                 if epoch.fail_reason:
                     report.update(_failed(job.metric, epoch.metrics, epoch.fail_reason))
                 checkpoint = (

@@ -1,5 +1,21 @@
 """Deterministic doubles for tests and benchmarks (like ``optuna.testing``)."""
 
-from search.testing.trainables import HOSTILE_MODES, curve, curve_export, hostile, instant
+from search.testing.trainables import (
+    HOSTILE_MODES,
+    SIDE_METRICS_DROPPED,
+    curve,
+    curve_export,
+    hostile,
+    instant,
+    side_metrics,
+)
 
-__all__ = ["HOSTILE_MODES", "curve", "curve_export", "hostile", "instant"]
+__all__ = [
+    "HOSTILE_MODES",
+    "SIDE_METRICS_DROPPED",
+    "curve",
+    "curve_export",
+    "hostile",
+    "instant",
+    "side_metrics",
+]

@@ -1,6 +1,7 @@
 """Trainables with known, deterministic behaviour: no framework, no data, milliseconds a trial.
 
-Name them in a spec as ``search.testing:curve`` or ``search.testing:instant``.
+Name them in a spec as ``search.testing:curve`` or ``search.testing:instant``; PyTorch only
+where a trainable says so (``side_metrics``).
 """
 
 from __future__ import annotations
@@ -185,3 +186,34 @@ def hostile(config: Mapping[str, Any], data: Dataset, ctx: TrialContext) -> Iter
         elif mode == "string":
             metrics["val_accuracy"] = f"{accuracy:.2f}"
         yield metrics
+
+
+SIDE_METRICS_DROPPED = ("info", "items", "nothing", "note", "np_vector", "vector")
+"""What :func:`side_metrics` yields that is not a number (left out, named on the trial)."""
+
+
+def side_metrics(config: Mapping[str, Any], data: Dataset, ctx: TrialContext) -> Iterator[Any]:
+    """The objective as a float beside side metrics of every kind a user yields (PyTorch).
+
+    Numbers: ``val_loss`` a 1-element tensor (``torch.tensor([x])``), ``step_loss`` a 0-d
+    tensor, ``np_one`` a 1-element array, ``flag`` an ``np.bool_``. Not numbers (dropped):
+    :data:`SIDE_METRICS_DROPPED`, among them a tensor and an array of several elements.
+    """
+    import numpy as np
+    import torch
+
+    for epoch in range(ctx.start_epoch, ctx.max_epochs + 1):
+        accuracy = 0.5 + 0.1 * epoch
+        yield {
+            "val_accuracy": accuracy,
+            "val_loss": torch.tensor([1.0 - accuracy]),
+            "step_loss": torch.tensor(0.25),
+            "np_one": np.array([3.0]),
+            "flag": np.bool_(epoch % 2),
+            "vector": torch.tensor([1.0, 2.0]),
+            "np_vector": np.zeros(3),
+            "note": f"epoch {epoch}",
+            "items": [1, 2],
+            "info": {"a": 1},
+            "nothing": None,
+        }

@@ -16,7 +16,7 @@ Data: the framework's arrays, or an image folder (:func:`trainables.tf.data.load
 ``data`` may then hold empty arrays).
 
 Getting the trained model: the generator returns ``(model, splits)`` after its last epoch,
-which :func:`search.contract.train_to_end` hands over::
+which :func:`search.train_to_end` hands over::
 
     model, splits = train_to_end(train, config, data, TrialContext(max_epochs=5)).model
     model.save("cnn.keras")
@@ -29,7 +29,7 @@ from typing import Any
 
 import keras
 
-from search.contract import Dataset, Metrics, TrialContext, trainable
+from search import Dataset, Metrics, TrialContext, trainable
 from trainables.knobs import CNN_DEFAULTS
 from trainables.tf import common
 from trainables.tf import data as tfdata

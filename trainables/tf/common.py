@@ -22,7 +22,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")  # before TF loads: no C++ in
 import keras  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
-from search.contract import ConfigError, TrialContext  # noqa: E402
+from search import ConfigError, TrialContext  # noqa: E402
 from trainables.knobs import (  # noqa: E402, F401  (the same knobs as the PyTorch twin)
     AUGMENT_DEFAULTS,
     CHOICES,

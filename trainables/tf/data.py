@@ -1,7 +1,7 @@
-"""From the framework's numpy :class:`~search.contract.Dataset` to tf.data.
+"""From the framework's numpy :class:`~search.Dataset` to tf.data.
 
 The twin of ``trainables.torch.data``: the same arrays (an image folder is read by
-:func:`search.contract.dataset.materialize` for both frameworks), the same stratified
+:func:`search.materialize` for both frameworks), the same stratified
 ``train_fraction`` subsample, the same scaling. Images become NHWC float32 in [0, 1], divided
 by the training split's largest value (16 for the digits, 255 for most image folders);
 standardization is a model layer adapted on the training split only
@@ -15,8 +15,8 @@ from dataclasses import dataclass
 import numpy as np
 import tensorflow as tf
 
-from search.contract import Dataset, TrialContext
-from search.contract.dataset import materialize, subsample
+from search import Dataset, TrialContext, materialize
+from trainables.fraction import subsample
 
 
 @dataclass(frozen=True)
@@ -36,7 +36,7 @@ class Splits:
 
 def load_data(data: Dataset, ctx: TrialContext, train_fraction: float = 1.0) -> Splits:
     """The trial's datasets: ``data``'s arrays or its image folder (read now, the same way
-    in both frameworks: :func:`search.contract.dataset.materialize`), subsampled and scaled
+    in both frameworks: :func:`search.materialize`), subsampled and scaled
     (:func:`from_arrays`). The twin of ``trainables.torch.data.load_data``."""
     return from_arrays(subsample(materialize(data, ctx.data_path), train_fraction))
 

@@ -26,7 +26,7 @@ from typing import Any
 
 import tensorflow as tf
 
-from search.contract import TrialContext
+from search import TrialContext
 
 _configured: dict[str, Any] = {}
 

@@ -11,7 +11,7 @@ returns, ``(model, splits)`` from :func:`trainables.tf.loop.fit_epochs`), then w
                    float32 images divided by ``input_scale`` (the training split's largest
                    value: 16 for the digits, 255 for most image folders) and returns class
                    probabilities
-    inputs.json    the model's inputs and outputs (:mod:`search.contract.inputs`): names,
+    inputs.json    the model's inputs and outputs (:func:`search.write_inputs`): names,
                    shapes, dtypes, NHWC and the ``scale`` the raw data is divided by
 
 and scores the reloaded ``model.keras`` on the validation split.
@@ -25,33 +25,30 @@ from typing import Any
 
 import keras
 
-from search.contract import Dataset, ExportFn, Metrics, TrainFn, TrialContext, train_to_end
-from search.contract.inputs import tensor, write_inputs
+from search import Dataset, ExportFn, Metrics, TrainFn, TrialContext, train_to_end, write_inputs
 from trainables.tf.data import pipeline
 
 
 def declare_keras(out_dir: Path, model: keras.Model, scale: float) -> Path:
     """Writes ``inputs.json`` for ``model.keras`` (and the SavedModel's ``serving_default``
     signature, whose arguments carry the same names): from ``model.inputs``/``outputs``."""
-    inputs = [
-        tensor(
-            t.name,
-            tuple(t.shape),
-            t.dtype,
-            layout="NHWC" if len(t.shape) == 4 else None,
-            scale=scale,
-        )
+    inputs = {
+        t.name: {
+            "shape": tuple(t.shape),
+            "dtype": t.dtype,
+            "layout": "NHWC" if len(t.shape) == 4 else None,
+            "scale": scale,
+        }
         for t in model.inputs
-    ]
-    outputs = [
-        tensor(
-            f"output_{i}",
-            tuple(t.shape),
-            t.dtype,
-            note="class probabilities (softmax)" if i == 0 else None,
-        )
+    }
+    outputs = {
+        f"output_{i}": {
+            "shape": tuple(t.shape),
+            "dtype": t.dtype,
+            "note": "class probabilities (softmax)" if i == 0 else None,
+        }
         for i, t in enumerate(model.outputs)
-    ]
+    }
     return write_inputs(out_dir, inputs, outputs, model="model.keras")
 
 

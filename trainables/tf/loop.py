@@ -33,7 +33,7 @@ import keras
 import numpy as np
 import tensorflow as tf
 
-from search.contract import Metrics, TrialContext
+from search import Metrics, TrialContext
 from trainables.knobs import PLATEAU_PATIENCE
 from trainables.tf.data import Splits, pipeline
 

@@ -31,8 +31,7 @@ from typing import Any
 import keras
 import numpy as np
 
-from search.contract import Dataset, Metrics, TrialContext, trainable
-from search.contract.dataset import load_digits
+from search import Dataset, Metrics, TrialContext, load_digits, trainable
 from trainables.knobs import TF_TRANSFER_DEFAULTS
 from trainables.tf import common
 from trainables.tf import data as tfdata

@@ -21,7 +21,7 @@ from typing import Any
 
 from torch import nn
 
-from search.contract import Dataset, Metrics, TrialContext, trainable
+from search import Dataset, Metrics, TrialContext, trainable
 from trainables.knobs import CNN_DEFAULTS
 from trainables.torch.common import setup
 from trainables.torch.data import Standardize, Tensors, load_data

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from search.contract import ConfigError, TrialContext
+from search import ConfigError, TrialContext
 from trainables.knobs import (  # noqa: F401  (re-exported for the torch trainables)
     AUGMENT_DEFAULTS,
     CHOICES,

@@ -1,7 +1,7 @@
-"""From the framework's numpy :class:`~search.contract.Dataset` to PyTorch tensors and loaders.
+"""From the framework's numpy :class:`~search.Dataset` to PyTorch tensors and loaders.
 
 The twin of ``trainables.tf.data``: the same arrays (an image folder is read by
-:func:`search.contract.dataset.materialize` for both frameworks), the same stratified
+:func:`search.materialize` for both frameworks), the same stratified
 ``train_fraction`` subsample, the same scaling. Images are scaled to [0, 1] by the training
 split's largest value (16 for the digits, 255 for most image folders), so augmentation works
 on ordinary image ranges; standardization (mean/std of the training split only) is the first
@@ -19,9 +19,9 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from search.contract import Dataset as SearchDataset
-from search.contract import TrialContext
-from search.contract.dataset import materialize, subsample
+from search import Dataset as SearchDataset
+from search import TrialContext, materialize
+from trainables.fraction import subsample
 
 
 @dataclass(frozen=True)
@@ -40,7 +40,7 @@ class Tensors:
 
 def load_data(data: SearchDataset, ctx: TrialContext, train_fraction: float = 1.0) -> Tensors:
     """The trial's tensors: ``data``'s arrays or its image folder (read now, the same way
-    in both frameworks: :func:`search.contract.dataset.materialize`), subsampled and scaled
+    in both frameworks: :func:`search.materialize`), subsampled and scaled
     (:func:`to_tensors`). The twin of ``trainables.tf.data.load_data``."""
     return to_tensors(materialize(data, ctx.data_path), train_fraction)
 

@@ -12,7 +12,7 @@ the model and its tensors are what the generator returns, ``(model, tensors)`` f
                         the input scaling the trainable applies is part of the graph),
                         output: logits, any batch size
 
-    inputs.json         the ONNX model's input and output (:mod:`search.contract.inputs`),
+    inputs.json         the ONNX model's input and output (:func:`search.write_inputs`),
                         with ``"validation": "dataset"``: ``python -m search check`` scores
                         it on the bundle's data split without importing this package
 
@@ -32,12 +32,11 @@ import numpy as np
 import torch
 from torch import nn
 
-from search.contract import ExportFn, Metrics, TrainFn, TrialContext, train_to_end
-from search.contract.inputs import DATASET, tensor, write_inputs
+from search import ExportFn, Metrics, TrainFn, TrialContext, train_to_end, write_inputs
 from trainables.torch.loop import evaluate
 
 if TYPE_CHECKING:
-    from search.contract.dataset import Dataset
+    from search import Dataset
 
 ONNX_TOLERANCE = 1e-4
 """Largest absolute difference allowed between ONNX Runtime's logits and PyTorch's."""
@@ -120,20 +119,23 @@ def check_onnx(
 def declare_onnx(out_dir: Path, x_raw: torch.Tensor, num_classes: int) -> Path:
     """Writes ``inputs.json`` for ``model.onnx``: NCHW float32 as the dataset holds it."""
     high = float(x_raw.max()) if len(x_raw) else 1.0
+    note = (
+        f"values as the dataset holds them (here 0 to {high:g}); the input scaling is inside "
+        "the graph"
+    )
     return write_inputs(
         out_dir,
-        [
-            tensor(
-                INPUT_NAME,
-                x_raw[:1],
-                layout="NCHW",
-                note=f"values as the dataset holds them (here 0 to {high:g}); the input "
-                "scaling is inside the graph",
-            )
-        ],
-        [tensor(OUTPUT_NAME, [None, num_classes], "float32", note="argmax is the class")],
+        {
+            INPUT_NAME: {
+                "shape": [None, *x_raw.shape[1:]],
+                "dtype": str(x_raw.dtype),
+                "layout": "NCHW",
+                "note": note,
+            }
+        },
+        {OUTPUT_NAME: {"shape": [None, num_classes], "note": "argmax is the class"}},
         model="model.onnx",
-        validation=DATASET,
+        validation="dataset",
     )
 
 

@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader
 
-from search.contract import Metrics, TrialContext
+from search import Metrics, TrialContext
 from trainables.torch.common import (
     EarlyStopping,
     EpochProfiler,

@@ -27,7 +27,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from search.contract import Dataset, Metrics, TrialContext, trainable
+from search import Dataset, Metrics, TrialContext, trainable
 from trainables.knobs import RNN_DEFAULTS
 from trainables.torch.common import setup
 from trainables.torch.data import load_data

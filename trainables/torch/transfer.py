@@ -39,7 +39,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from search.contract import Dataset, Metrics, TrialContext, trainable
+from search import Dataset, Metrics, TrialContext, load_digits, trainable
 from trainables.knobs import TORCH_TRANSFER_DEFAULTS
 from trainables.torch.common import read_config, setup
 from trainables.torch.data import Standardize, Tensors, load_data, to_tensors
@@ -178,8 +178,6 @@ def pretrain_backbone(
     Returns:
         ``path`` as a string.
     """
-    from search.contract.dataset import load_digits
-
     base = to_tensors(load_digits(0.2, 0))
     gen = torch.Generator().manual_seed(seed)
     (x_tr, k_tr), (x_va, k_va) = rotated(base.x_train, gen), rotated(base.x_val, gen)
