@@ -15,7 +15,7 @@ from collections.abc import Generator, Mapping
 from pathlib import Path
 from typing import Any
 
-from search.contract import TrialContext, trainable
+from search import TrialContext, trainable
 from trainables.knobs import CNN_DEFAULTS
 
 LOG_ENV = "PEERS_EPOCH_LOG"
