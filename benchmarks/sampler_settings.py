@@ -144,7 +144,7 @@ def good_start(table: Table, name: str, seed: int, k: int, trials: int, tmp: Pat
     from search.spec.schema import parse_spec
 
     optuna.logging.set_verbosity(optuna.logging.ERROR)
-    url = f"sqlite:///{tmp}/warm-{seed}.db"
+    url = f"sqlite:///{tmp}/warm-{table.bench._dataset_name}-{k}-{seed}.db"
     if name == "warm" and "earlier" not in optuna.get_all_study_names(url):
         sampler = _sampler({}, 10_000 + seed, k)
         earlier = optuna.create_study(study_name="earlier", storage=url, sampler=sampler)

@@ -18,7 +18,7 @@ from contextlib import closing
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
 
-from search.contract.context import Metrics, TrainFn, TrialContext
+from search.contract.context import ConfigError, Metrics, TrainFn, TrialContext
 
 if TYPE_CHECKING:
     from search.contract.dataset import Dataset
@@ -160,8 +160,14 @@ def drive(
         [({'a': 1.0}, ('tag',))]
     """
     required = [metric] if isinstance(metric, str) else list(metric)
+    _check_generator(epochs)
     try:
         for number, raw in enumerate(epochs, start=start):
+            if not isinstance(raw, Mapping):
+                raise ConfigError(
+                    f"the trainable yielded a {type(raw).__name__} at epoch {number}; yield one "
+                    "dict of metrics per epoch, e.g. yield {'val_loss': 0.3}"
+                )
             converted = as_metrics(raw)
             missing = (metric_problem(converted, m, number) for m in required if m)
             reason = next((m for m in missing if m), None) or nonfinite_reason(converted, number)
@@ -174,6 +180,30 @@ def drive(
         close = getattr(epochs, "close", None)
         if callable(close):
             close()
+
+
+def _check_generator(epochs: Any) -> None:
+    """Refuses what a trainable returned instead of yielding: a trainable is a generator.
+
+    Raises:
+        ConfigError: One line saying what came back and what to write instead.
+
+    Example:
+        >>> _check_generator({"val_loss": 0.3})
+        Traceback (most recent call last):
+        ...
+        search.contract.context.ConfigError: the trainable returned a dict instead of ...
+    """
+    if isinstance(epochs, Mapping):
+        raise ConfigError(
+            "the trainable returned a dict instead of yielding one per epoch: write "
+            "`yield {...}` inside the epoch loop (a trainable is a generator)"
+        )
+    if not isinstance(epochs, Iterable):
+        raise ConfigError(
+            f"the trainable returned a {type(epochs).__name__}, not a generator: yield one dict "
+            "of metrics per epoch (a trainable is a generator)"
+        )
 
 
 @dataclass(frozen=True)

@@ -146,19 +146,32 @@ HOSTILE_MODES = (
     "string",
     "nothing",
     "keyerror",
+    "returns_dict",
+    "yields_list",
 )
 """The ordinary mistakes of a user's trainable that :func:`hostile` makes, one per ``mode``."""
 
 
-def hostile(config: Mapping[str, Any], data: Dataset, ctx: TrialContext) -> Iterator[Any]:
+def hostile(config: Mapping[str, Any], data: Dataset, ctx: TrialContext) -> Any:
     """A trainable that makes the ``mode`` mistake of :data:`HOSTILE_MODES` (test the record).
+
+    ``returns_dict``: returns one dict instead of yielding one per epoch. Every other mode
+    is a generator (:func:`_hostile_epochs`).
+    """
+    if config.get("mode") == "returns_dict":
+        return {"val_accuracy": 0.6}
+    return _hostile_epochs(config, data, ctx)
+
+
+def _hostile_epochs(config: Mapping[str, Any], data: Dataset, ctx: TrialContext) -> Iterator[Any]:
+    """The epochs of :func:`hostile`.
 
     ``ok``: plain floats. ``numpy_nan``: NumPy scalars whose loss turns ``np.float32('nan')``
     at epoch 2. ``numpy_scalars``: ``np.float32`` and 0-d array values, all finite. ``typo``:
     ``accuracy`` instead of ``val_accuracy``. ``every_other``: the objective on odd epochs
     only. ``none``: the objective is ``None`` at epoch 2. ``string``: the objective is a
     string. ``nothing``: yields no epoch at all. ``keyerror``: reads a config key the space
-    does not have (``learning_rate``).
+    does not have (``learning_rate``). ``yields_list``: a list of numbers instead of a dict.
     """
     import numpy as np
 
@@ -185,7 +198,7 @@ def hostile(config: Mapping[str, Any], data: Dataset, ctx: TrialContext) -> Iter
             metrics["val_accuracy"] = None
         elif mode == "string":
             metrics["val_accuracy"] = f"{accuracy:.2f}"
-        yield metrics
+        yield [accuracy, 1.0 - accuracy] if mode == "yields_list" else metrics
 
 
 SIDE_METRICS_DROPPED = ("info", "items", "nothing", "note", "np_vector", "vector")
