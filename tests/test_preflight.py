@@ -12,6 +12,7 @@ import sys
 import time
 from pathlib import Path
 
+import optuna
 import pytest
 from typer.testing import CliRunner
 
@@ -212,3 +213,24 @@ def test_cli_unknown_ray_address_exits_2_before_anything(tmp_path: Path, given_b
     ]
     assert not (tmp_path / "optuna.db").exists()  # no study, no trial
     assert not (tmp_path / "results").exists()
+
+
+def broken_loader() -> None:
+    """A ``data.loader`` that raises (``tests.test_preflight:broken_loader``)."""
+    raise FileNotFoundError("no such file: train.csv")
+
+
+@pytest.mark.usefixtures("joins_session_ray")
+def test_a_loader_that_raises_stops_the_run_in_one_line_and_leaves_no_study(
+    tmp_path: Path,
+) -> None:
+    data = base_spec(tmp_path, data={"loader": "tests.test_preflight:broken_loader"})
+    spec = write_spec(tmp_path / "s.yaml", data)
+    done = subprocess.run(
+        [sys.executable, "-m", "search", "run", str(spec), "--results", str(tmp_path / "r")],
+        cwd=REPO, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and "data.loader" in lines[0] and "FileNotFoundError" in lines[0]
+    assert optuna.get_all_study_names(data["storage"]) == []  # the dashboard lists nothing

@@ -44,12 +44,18 @@ def run_study(spec: StudySpec, options: RunOptions = RunOptions()) -> RunSummary
     builtin = check_builtin_knobs(spec, options.source)
     study, lease, data = _open_while_ray_starts(spec, options, knobs=not builtin)
     try:
+        loaded = data.result()
+    except BaseException:  # the loader raised: a study this run created goes with it
+        lease.release()
+        _forget_if_new(study)
+        raise
+    try:
         record_spec(study, spec)
         import_trials(study, spec, options.source)
         recovery = recover(study)
         budget = min(spec.budget.trials, grid_size(spec) or spec.budget.trials) - recovery.counted
         finished, stopped, hours = (
-            fit(spec, options, study, lease.run_id, budget, data.result())
+            fit(spec, options, study, lease.run_id, budget, loaded)
             if budget > 0
             else ({}, None, None)
         )
@@ -65,6 +71,15 @@ def run_study(spec: StudySpec, options: RunOptions = RunOptions()) -> RunSummary
         stopped_early=stopped,
         device_hours=hours,
     )
+
+
+def _forget_if_new(study: optuna.Study) -> None:
+    """Deletes ``study`` when this run created it (no spec recorded, no trial), so a run that
+    failed before its first trial leaves nothing in the storage, nor in the dashboard's list."""
+    import optuna
+
+    if "spec" not in study.user_attrs and not study.get_trials(deepcopy=False):
+        optuna.delete_study(study_name=study.study_name, storage=study._storage)
 
 
 def _open(
