@@ -1,9 +1,9 @@
-"""ASHA's rung refill and the deadline stopper, driven by hand with fake results (no Ray)."""
+"""ASHA's rung refill, Hyperband brackets and the deadline stopper, driven by hand with fake
+results (no Ray)."""
 
 from __future__ import annotations
 
 import time
-
 from pathlib import Path
 
 import pytest
