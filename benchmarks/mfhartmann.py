@@ -12,10 +12,12 @@ and benchmark, ``mfpbench/synthetic/hartmann/``, the one the PriorBand paper, Ma
 
 * Hartmann 6 with its standard ``A``, ``P`` and ``alpha`` (below); minimum ``F_STAR`` =
   -3.32237 at ``X_STAR`` (Surjanovic and Bingham's Virtual Library of Simulation Experiments).
-* Fidelity. mf-prior-bench scales fidelity ``z`` in [1, z_max] logarithmically,
-  ``s = log(z) / log(z_max)``; here ``z`` is the epoch, so ``s = log(epoch) / log(max_epochs)``
-  (0 at the first epoch, 1 at the last). The plain fraction ``epoch / max_epochs`` is the
-  fidelity of the cost model.
+* Fidelity. Here ``z = epoch / max_epochs``. mf-prior-bench's fidelity runs over 1 ... 100
+  (its benchmark queries 3 ... 100) and enters bias and noise log-scaled,
+  ``s = log(fidelity) / log(100)``; the same with ``fidelity = 100 z``:
+  ``s = log(100 z) / log(100)`` (clipped at 0), so epoch 1 of 27 (``100 z`` = 3.7) is about
+  mf-prior-bench's lowest fidelity, and the curve's shape does not depend on ``max_epochs``.
+  ``z`` itself is the fidelity of the cost model.
 * Bias: ``alpha' = alpha - bias * (1 - s)``, the same shift for all four terms; at ``s = 1``
   the function is Hartmann 6 itself.
 * Noise: ``|N(0, 1)| * noise * (1 - s)`` added to the value (always upwards, i.e. worse, as in
@@ -72,6 +74,9 @@ PRESETS: dict[str, tuple[float, float]] = {
 }
 """mf-prior-bench's ``(bias, noise)`` presets of MFHartmann6."""
 
+FIDELITY_RANGE = 100.0
+"""mf-prior-bench's highest fidelity (its lowest is 1): ``s`` is 0 at ``z`` = 1 / 100."""
+
 MIN_COST = 0.05
 """``lambda(0)``: the share of a full evaluation that even the lowest fidelity costs."""
 
@@ -83,11 +88,15 @@ DEFAULTS: dict[str, Any] = {
 }
 
 
-def log_fidelity(epoch: int, max_epochs: int) -> float:
-    """mf-prior-bench's log-scaled fidelity ``s``: 0 at epoch 1, 1 at ``max_epochs``."""
-    if max_epochs <= 1:
-        return 1.0
-    return math.log(epoch) / math.log(max_epochs)
+def log_fidelity(z: float) -> float:
+    """mf-prior-bench's log-scaled fidelity ``s`` of ``z`` in (0, 1]: 1 at ``z = 1``, 0 at
+    ``z <= 1 / 100``.
+
+    Example:
+        >>> log_fidelity(1.0), log_fidelity(0.1), log_fidelity(0.001)
+        (1.0, 0.5, 0.0)
+    """
+    return max(0.0, math.log(FIDELITY_RANGE * z) / math.log(FIDELITY_RANGE))
 
 
 def hartmann6(x: Sequence[float], s: float = 1.0, bias: float = 0.0) -> float:
@@ -125,7 +134,7 @@ def regret(x: Sequence[float]) -> float:
 def value_at(x: Sequence[float], epoch: int, max_epochs: int, preset: str, seed: int) -> float:
     """The noisy, biased value a trial reports after ``epoch`` epochs."""
     bias, noise = PRESETS[preset]
-    s = log_fidelity(epoch, max_epochs)
+    s = log_fidelity(epoch / max_epochs)
     draw = abs(float(np.random.default_rng([seed, epoch]).normal()))
     return hartmann6(x, s, bias) + noise_scale(s, noise) * draw
 

@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import signal
 import subprocess
 import sys
 import time
@@ -209,6 +210,8 @@ def _write_dicts(path: Path, rows: list[dict[str, Any]]) -> None:
 
 
 def main() -> None:
+    # a plain ``kill`` stops the run in progress and the Ray head too (``finally`` blocks)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("task", choices=("hartmann", "cnn150", "overfit"))
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])

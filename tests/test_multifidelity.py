@@ -3,6 +3,8 @@ a cost that behave as the published definition says (no Ray, milliseconds)."""
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 
@@ -28,10 +30,10 @@ def test_the_known_minimum_at_full_fidelity() -> None:
     assert min(regret(x) for x in points) > 0.0  # nowhere below the minimum
 
 
-def test_fidelity_runs_from_0_at_the_first_epoch_to_1_at_the_last() -> None:
-    assert log_fidelity(1, 27) == 0.0
-    assert log_fidelity(9, 27) == pytest.approx(2 / 3)
-    assert log_fidelity(27, 27) == 1.0
+def test_fidelity_is_mf_prior_bench_log_scale() -> None:
+    assert log_fidelity(1.0) == 1.0
+    assert log_fidelity(3 / 100) == pytest.approx(math.log(3) / math.log(100))
+    assert log_fidelity(1 / 100) == log_fidelity(1 / 1000) == 0.0
 
 
 @pytest.mark.parametrize("preset", sorted(PRESETS))
@@ -45,7 +47,7 @@ def test_the_bias_shrinks_to_0_at_full_fidelity(preset: str) -> None:
 
 
 def test_the_noise_shrinks_with_fidelity() -> None:
-    scales = [noise_scale(log_fidelity(e, 27), 2.0) for e in (1, 3, 9, 27)]
+    scales = [noise_scale(log_fidelity(z), 2.0) for z in (0.01, 0.1, 0.5, 1.0)]
     assert scales == sorted(scales, reverse=True) and scales[0] == 2.0 and scales[-1] == 0.0
     x = [0.5] * 6
     spread = [
