@@ -22,6 +22,11 @@ from typing import Any
 
 import optuna
 
+ScoreFn = Callable[[optuna.trial.FrozenTrial], float]
+"""A COMPLETE trial's score: lower is better."""
+SecondsFn = Callable[[optuna.trial.FrozenTrial, int], float]
+"""What a trial that trained the given number of epochs cost, in seconds."""
+
 REFERENCE = "none"
 """The scheduler whose final regret is the target and whose compute is the yardstick."""
 
@@ -41,12 +46,7 @@ class Step:
     best: float
 
 
-def read_steps(
-    storage: str,
-    study: str,
-    score_of: Callable[[optuna.trial.FrozenTrial], float],
-    seconds_of: Callable[[optuna.trial.FrozenTrial, int], float],
-) -> list[Step]:
+def read_steps(storage: Any, study: str, score_of: ScoreFn, seconds_of: SecondsFn) -> list[Step]:
     """The study's trials in creation order, with cumulative compute and best regret so far."""
     trials = optuna.load_study(study_name=study, storage=storage).get_trials(deepcopy=False)
     steps: list[Step] = []

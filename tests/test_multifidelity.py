@@ -1,13 +1,16 @@
 """The multi-fidelity Hartmann 6 benchmark function: its known minimum, and a bias, a noise and
-a cost that behave as the published definition says (no Ray, milliseconds)."""
+a cost that behave as the published definition says; and the benchmark's reckoning of the
+compute to reach a regret (no Ray, milliseconds)."""
 
 from __future__ import annotations
 
 import math
 
 import numpy as np
+import optuna
 import pytest
 
+from benchmarks import multifidelity_report as report
 from benchmarks.mfhartmann import (
     F_STAR,
     PRESETS,
@@ -74,3 +77,39 @@ def test_the_trainable_yields_one_value_per_epoch_reproducibly() -> None:
     ]
     assert curves[0] == curves[1] and len(curves[0]) == 9
     assert curves[0][-1] == pytest.approx(F_STAR, abs=1e-5)
+
+
+def _study_with(trials: list[tuple[str, int, float]]) -> optuna.Study:
+    """A study whose trials (state, epochs, final value) are recorded as the bridge does."""
+    study = optuna.create_study(study_name="s", storage=optuna.storages.InMemoryStorage())
+    for state, epochs, value in trials:
+        trial = study.ask()
+        for epoch in range(1, epochs + 1):
+            trial.report(value, epoch)
+        if state == "COMPLETE":
+            study.tell(trial, value)
+        else:
+            study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+    return study
+
+
+def test_compute_to_reach_a_regret_counts_trials_in_creation_order() -> None:
+    none = _study_with([("COMPLETE", 9, 0.5), ("COMPLETE", 9, 0.2), ("COMPLETE", 9, 0.3)])
+    asha = _study_with([("PRUNED", 1, 0.9), ("COMPLETE", 9, 0.4), ("PRUNED", 3, 0.1)])
+    asha_tail = _study_with([("COMPLETE", 9, 0.1)])
+
+    def read(study: optuna.Study) -> list[report.Step]:
+        def seconds(trial: optuna.trial.FrozenTrial, epochs: int) -> float:
+            return 2.0 * epochs
+
+        return report.read_steps(study._storage, "s", lambda t: float(t.values[0]), seconds)
+
+    steps = {("none", 0): read(none), ("asha", 0): read(asha), ("hyperband", 0): read(asha_tail)}
+    assert [s.cum_epochs for s in steps[("asha", 0)]] == [1, 10, 13]
+    assert [s.best for s in steps[("asha", 0)]] == [math.inf, 0.4, 0.4]  # PRUNED never counts
+    rows = {r.scheduler: r for r in report.rows_for("t", steps, {})}
+    assert rows["none"].target == 0.2 and rows["none"].reach_epochs == 18
+    assert rows["none"].ratio_epochs == pytest.approx(18 / 27)
+    assert math.isinf(rows["asha"].reach_epochs)  # 0.4 never reaches 0.2
+    assert rows["hyperband"].reach_epochs == 9 and rows["hyperband"].ratio_seconds == 18 / 54
+    assert "| t | asha | 1 | 3 | 13 |" in report.table(list(rows.values()), "s")
