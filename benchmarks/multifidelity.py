@@ -34,6 +34,7 @@ import argparse
 import json
 import math
 import signal
+import statistics
 import subprocess
 import sys
 import time
@@ -198,9 +199,27 @@ def summarize(args: argparse.Namespace) -> str:
     if studies:
         report.plot(OUT / f"{args.name}.png", _title(args), studies, offset)
     unit = "sim s" if args.task == "hartmann" else "train s"
-    text = f"### {_title(args)}\n\n{report.table(rows, unit)}\n"
+    text = f"### {_title(args)}\n\n{report.table(rows, unit)}\n\n{_correlations(args)}\n"
     (OUT / f"{args.name}.md").write_text(text)
     return text
+
+
+def _correlations(args: argparse.Namespace) -> str:
+    """How well each rung's value predicts the final one in the no-pruning studies."""
+    rungs = [e for e in (1, 3, 9, 27) if e < args.epochs]
+    per_epoch: dict[int, list[float]] = {e: [] for e in rungs}
+    for seed in args.seeds:
+        try:
+            found = report.rung_correlation(storage(args), f"{args.name}-none-s{seed}", rungs)
+        except KeyError:
+            continue
+        for epoch, rho in found.items():
+            per_epoch[epoch].append(rho)
+    cells = [
+        f"epoch {e}: {statistics.median(v):.2f} (n={len(v)})" for e, v in per_epoch.items() if v
+    ]
+    head = "Rank correlation (Spearman) of the value at a rung with the final value, no-pruning"
+    return f"{head} studies, median over seeds: {', '.join(cells)}"
 
 
 def _title(args: argparse.Namespace) -> str:

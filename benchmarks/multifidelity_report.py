@@ -133,6 +133,22 @@ def rows_for(
     return rows
 
 
+def rung_correlation(storage: Any, study: str, epochs: Sequence[int]) -> dict[int, float]:
+    """Spearman's rank correlation of each epoch's value with the final one, over the study's
+    COMPLETE trials: how well an early rung predicts the end (1: perfectly, 0: not at all)."""
+    from scipy.stats import spearmanr
+
+    trials = optuna.load_study(study_name=study, storage=storage).get_trials(deepcopy=False)
+    curves = [t.intermediate_values for t in trials if t.state.name == "COMPLETE"]
+    out = {}
+    for epoch in epochs:
+        pairs = [(c[epoch], c[max(c)]) for c in curves if epoch in c and max(c) > epoch]
+        if len(pairs) >= 3:
+            early, final = zip(*pairs, strict=True)
+            out[epoch] = float(spearmanr(early, final)[0])
+    return out
+
+
 def _median(values: Sequence[float]) -> float:
     return statistics.median(values) if values else math.nan
 
