@@ -23,8 +23,8 @@ study's total (the target: at most 1/3). Writes under results/benchmarks/multifi
 ``<name>.db`` (the studies), ``<name>_runs.csv``, ``<name>_trials.csv``, ``<name>.png`` and
 ``<name>.md`` (the table), where the name is the task (``hartmann-<preset>`` for Hartmann).
 
-    python benchmarks/multifidelity.py hartmann --seeds 0 1 2 3 4
-    python benchmarks/multifidelity.py cnn150 --trials 16 --epochs 9 --seeds 0 1 2 3 4
+    python benchmarks/multifidelity.py hartmann --preset good       # and --preset mfh6
+    python benchmarks/multifidelity.py cnn150 --trials 16 --epochs 9 --more 3
     python benchmarks/multifidelity.py hartmann --report-only
 """
 
