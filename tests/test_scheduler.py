@@ -1,14 +1,19 @@
-"""ASHA's rung refill and the deadline stopper, driven by hand with fake results (no Ray)."""
+"""ASHA's rung refill, Hyperband brackets and the deadline stopper, driven by hand with fake
+results (no Ray)."""
 
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import pytest
 
-from search.run.scheduler import PruneReportingASHA
+from search.errors import SpecError
+from search.run.scheduler import PruneReportingASHA, build_scheduler
 from search.run.stopping import RunStopper
 from search.spec.derive import asha_milestones, ray_milestones
+from search.spec.schema import parse_spec
+from tests.conftest import base_spec
 
 
 def _asha(reduction_factor: float, max_t: int = 9) -> PruneReportingASHA:
@@ -44,6 +49,33 @@ def test_milestones_are_rays_own() -> None:
     assert sorted(m for m, _ in asha._brackets[0]._rungs) == ray_milestones(1, 2.5, 9)
     assert asha_milestones(1, 2.5, 9) == [1, 3, 7]
     assert asha_milestones(2, 3, 27) == [2, 6, 18]
+
+
+def test_brackets_build_hyperband_with_later_first_rungs(tmp_path: Path) -> None:
+    budget = {"trials": 4, "max_epochs": 27}
+    spec = parse_spec(base_spec(tmp_path, budget=budget, asha={"brackets": 3}))
+    scheduler = build_scheduler(spec, lambda _: None)
+    assert isinstance(scheduler, PruneReportingASHA)
+    rungs = [sorted(m for m, _ in bracket._rungs) for bracket in scheduler._brackets]
+    # bracket s starts at grace_period * reduction_factor**s epochs
+    assert rungs == [[1, 3, 9, 27], [3, 9, 27], [9, 27]]
+    plain = build_scheduler(parse_spec(base_spec(tmp_path, budget=budget)), lambda _: None)
+    assert isinstance(plain, PruneReportingASHA)
+    assert len(plain._brackets) == 1
+
+
+def test_brackets_with_several_objectives_are_refused_in_one_line(tmp_path: Path) -> None:
+    objectives = [
+        {"metric": "val_accuracy", "mode": "max"},
+        {"metric": "latency_ms", "mode": "min"},
+    ]
+    data = base_spec(tmp_path, objective=objectives, asha={"brackets": 3})
+    with pytest.raises(SpecError) as info:
+        parse_spec(data, "mo.yaml")
+    message = str(info.value)
+    assert "\n" not in message
+    assert message.startswith("mo.yaml: asha.brackets: ")
+    assert info.value.field == "asha.brackets"
 
 
 def test_the_deadline_stops_running_trials_but_not_one_that_ended_itself() -> None:
