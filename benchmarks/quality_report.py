@@ -23,7 +23,7 @@ from benchmarks.tables import Table, log_regret
 
 CHECKPOINTS = (25, 50, 100, 200)
 """Trials after which the regret is reported."""
-TIMES = (10, 25, 50, 100)
+TIMES = (2, 5, 10, 25, 50, 100)
 """Simulated times at which the regret is reported, in multiples of the table's mean cost."""
 
 
@@ -123,14 +123,15 @@ def at_times(frame: pd.DataFrame, mean_cost: dict[str, float]) -> pd.DataFrame:
 
 def trials_to_reach(frame: pd.DataFrame, targets: dict[str, float]) -> pd.DataFrame:
     """Per run: the first trial whose incumbent's log regret is at most the task's target
-    (``inf`` when the run never gets there)."""
+    (``inf`` when the run never gets there) and how many trials it ran."""
     out = []
     for (task, who, k, seed), run in _runs(frame):
         if task not in targets:
             continue
         hit = run[run["log_best"] <= targets[task] + 1e-12]["trial"]
         n = float(hit.iloc[0]) if len(hit) else math.inf
-        out.append({"task": task, "contender": who, "concurrency": k, "seed": seed, "n": n})
+        row = {"task": task, "contender": who, "concurrency": k, "seed": seed, "n": n}
+        out.append({**row, "ran": int(run["trial"].max())})
     return pd.DataFrame(out)
 
 
