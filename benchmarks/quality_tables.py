@@ -171,6 +171,8 @@ def figure(frame: pd.DataFrame, path: Path) -> None:
         ax.set_title(title, fontsize=9)
         ax.set_xscale("log")
         ax.set_xlabel("trials")
+    for ax in axes.flat[len(panels) :]:
+        ax.axis("off")
     axes.flat[0].set_ylabel("median log10 regret")
     axes.flat[0].legend(fontsize=7)
     fig.tight_layout()
