@@ -5,7 +5,8 @@ one cold subprocess per (task, scheduler, seed), all joining one local Ray head 
 CPUs that this script starts (``ray start --head``, token auth, 127.0.0.1 only) and stops.
 
 Schedulers: ``none`` (``asha: {enabled: false}``), ``asha`` (the task's own ``asha`` block:
-grace 1, factor 3) and ``hyperband`` (the same with ``brackets: 3``). The no-pruning study
+grace 1, factor 3), ``hyperband`` (the same with ``brackets: 3``) and ``asha-recheck`` (the
+same with ``recheck: true``). The no-pruning study
 runs ``--trials`` trials; the pruning ones ``--more`` times as many, so they can spend the same
 compute on more configs. Tasks:
 
@@ -58,6 +59,7 @@ SCHEDULERS: dict[str, dict[str, Any]] = {
     "none": {"enabled": False},
     "asha": {},
     "hyperband": {"brackets": 3},
+    "asha-recheck": {"recheck": True},
 }
 DEFAULTS = {"hartmann": (32, 27, 4), "cnn150": (16, 9, 2), "overfit": (16, 40, 2)}
 """Per task: no-pruning trials, max_epochs, trials at once."""

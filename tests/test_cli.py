@@ -214,9 +214,8 @@ def test_code_that_fails_every_trial_alike_stops_the_run_early_in_one_line(
 
 def test_a_misspelled_trainable_function_exits_2_at_once(tmp_path: Path) -> None:
     spec = base_spec(tmp_path, trainable="search.testing:cruve")
-    start = time.monotonic()
     proc = _cli("run", str(write_spec(tmp_path / "s.yaml", spec)))
-    assert time.monotonic() - start < 10  # loosely: nothing started (typically 2-3 s)
+    assert not (tmp_path / "optuna.db").exists()  # refused before the study, or Ray, started
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [
         f"error: {tmp_path / 's.yaml'}: trainable: trainable 'search.testing:cruve': module "
