@@ -208,7 +208,11 @@ def summarize(args: argparse.Namespace) -> str:
 
 def _correlations(args: argparse.Namespace) -> str:
     """How well each rung's value predicts the final one in the no-pruning studies."""
-    rungs = [e for e in (1, 3, 9, 27) if e < args.epochs]
+    from search.spec.derive import asha_milestones
+
+    asha = study_spec(args, "asha", 0)["asha"]
+    milestones = asha_milestones(asha["grace_period"], asha["reduction_factor"], args.epochs)
+    rungs = [e for e in milestones if e < args.epochs]
     per_epoch: dict[int, list[float]] = {e: [] for e in rungs}
     for seed in args.seeds:
         try:
