@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import random
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -53,6 +55,14 @@ def joins_session_ray(session_ray_address: str, monkeypatch: pytest.MonkeyPatch)
     command on 2 cores. Tests of a run's own Ray (logical GPUs, kills during Ray's start) do
     not use it."""
     monkeypatch.setenv("RAY_ADDRESS", session_ray_address)
+
+
+def run_spec(spec: Path, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    """``python -m search run SPEC`` in a subprocess, results beside the spec."""
+    return subprocess.run(
+        [sys.executable, "-m", "search", "run", str(spec), "--results", str(spec.parent / "r")],
+        cwd=REPO, capture_output=True, text=True, timeout=timeout,
+    )  # fmt: skip
 
 
 def write_spec(path: Path, data: dict[str, Any]) -> Path:

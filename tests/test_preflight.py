@@ -26,7 +26,7 @@ from search.run.preflight import (
     use_cluster_token,
 )
 from search.spec.schema import DataSpec, parse_spec
-from tests.conftest import REPO, base_spec, write_spec
+from tests.conftest import REPO, base_spec, run_spec, write_spec
 
 SECRET = "pw-Zq81rT"
 
@@ -226,10 +226,7 @@ def test_a_loader_that_raises_stops_the_run_in_one_line_and_leaves_no_study(
 ) -> None:
     data = base_spec(tmp_path, data={"loader": "tests.test_preflight:broken_loader"})
     spec = write_spec(tmp_path / "s.yaml", data)
-    done = subprocess.run(
-        [sys.executable, "-m", "search", "run", str(spec), "--results", str(tmp_path / "r")],
-        cwd=REPO, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+    done = run_spec(spec)
     assert done.returncode == 2, done.stderr
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and "data.loader" in lines[0] and "FileNotFoundError" in lines[0]

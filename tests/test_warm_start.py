@@ -4,8 +4,6 @@ resume samples as the first run did."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
 
 import optuna
@@ -19,7 +17,7 @@ from search.record.study import SAMPLER, open_study, record_spec
 from search.record.warm import START_FROM, WARM_START, import_trials
 from search.spec.pinned import PINNED
 from search.spec.schema import parse_spec
-from tests.conftest import REPO, base_spec, write_spec
+from tests.conftest import base_spec, run_spec, write_spec
 
 FAIL = TrialState.FAIL
 
@@ -110,10 +108,7 @@ def test_a_warm_start_from_a_missing_or_opposite_study_stops_in_one_line(tmp_pat
         ({"study": "old", "storage": url}, "'old' optimizes minimize, this spec maximize"),
     ]:
         spec = write_spec(tmp_path / "s.yaml", _spec(tmp_path, warm_start=warm))
-        done = subprocess.run(
-            [sys.executable, "-m", "search", "run", str(spec), "--results", str(tmp_path / "r")],
-            cwd=REPO, capture_output=True, text=True, timeout=120,
-        )  # fmt: skip
+        done = run_spec(spec)
         assert done.returncode == 2, done.stderr
         lines = done.stderr.strip().splitlines()
         assert len(lines) == 1 and message in lines[0], done.stderr
@@ -135,10 +130,7 @@ def test_a_run_starts_from_the_trusted_configs_after_learning_the_earlier_study(
     )
     data["sampler"]["start_from"] = [{"x": 0.25}, {"x": 0.75}]
     spec = write_spec(tmp_path / "s.yaml", data)
-    done = subprocess.run(
-        [sys.executable, "-m", "search", "run", str(spec), "--results", str(tmp_path / "r")],
-        cwd=REPO, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+    done = run_spec(spec)
     assert done.returncode == 0, done.stdout + done.stderr
     study = optuna.load_study(study_name="t", storage=data["storage"])
     imported = [t for t in study.trials if IMPORTED in t.user_attrs]

@@ -25,10 +25,6 @@ PINNED: dict[str, dict[str, Any]] = {
         "constant_liar": True,
         "n_startup_trials": 10,
         "n_ei_candidates": 24,
-        "consider_prior": True,
-        "prior_weight": 1.0,
-        "consider_magic_clip": True,
-        "consider_endpoints": False,
     },
     "random": {},
     "cmaes": {
@@ -40,6 +36,7 @@ PINNED: dict[str, dict[str, Any]] = {
     },
     "grid": {},
 }
-"""Every argument each sampler is built with, beside its seed. TPE's ``gamma`` and ``weights``
-are left to Optuna: ``gamma`` is deprecated since Optuna 4.9 (passing it warns, and 6.0 drops
-it); the study records the Optuna version that ran it."""
+"""Every argument each sampler is built with, beside its seed. TPE's ``gamma``, ``weights``,
+``consider_prior``, ``prior_weight``, ``consider_magic_clip`` and ``consider_endpoints`` are left
+to Optuna: all are deprecated since Optuna 4.9 (passing one warns in every run, and 6.0 drops
+them), so Optuna holds them fixed itself; the study records the Optuna version that ran it."""
