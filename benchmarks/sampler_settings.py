@@ -51,14 +51,11 @@ def _table(name: str) -> Table:
 
 
 def _sample(trial: Any, table: Table) -> dict[str, Any]:
-    """The table's space as the spec writes it (:func:`benchmarks.tables.space`)."""
-    out: dict[str, Any] = {}
-    for name, values in table.choices.items():
-        if isinstance(values[0], str):
-            out[name] = trial.suggest_categorical(name, values)
-        else:
-            out[name] = trial.suggest_int(name, 0, len(values) - 1)
-    return out
+    """Samples the table's space as a spec writes it (:func:`benchmarks.tables.space`), the
+    way a trial of the study samples it (:func:`search.spec.space.sample`)."""
+    from search.spec.space import Param, sample
+
+    return sample(trial, {name: Param.model_validate(p) for name, p in space(table).items()})
 
 
 def _lookup(table: Table, params: dict[str, Any], rng: Any) -> tuple[float, float, float]:
