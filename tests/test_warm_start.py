@@ -141,3 +141,4 @@ def test_a_run_starts_from_the_trusted_configs_after_learning_the_earlier_study(
     assert [t.user_attrs.get(START_FROM) for t in ran] == [0, 1, None, None]
     assert all(t.state == TrialState.COMPLETE for t in ran)
     assert all(len(t.intermediate_values) == 2 for t in ran)
+    assert f"({len(imported)} of them imported by warm_start)" in done.stdout

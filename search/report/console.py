@@ -16,6 +16,7 @@ from search.record.queries import (
     state_counts,
     trials_frame,
 )
+from search.record.resume import IMPORTED
 
 if TYPE_CHECKING:
     import optuna
@@ -34,11 +35,13 @@ def print_summary(console: Console, study: optuna.Study, summary: RunSummary, fo
     """Best value and params, trial states, wall time and where the files are."""
     counts = state_counts(study)
     best = best_trial(study)
+    imported = sum(IMPORTED in t.user_attrs for t in study.get_trials(deepcopy=False))
     console.print(f"\n[bold]study[/bold] {study.study_name}  ({summary.storage})")
     console.print(
         f"wall time {summary.seconds:.1f} s, {summary.trials_this_run} trials this run; "
         + ", ".join(f"{counts.get(s, 0)} {s.lower()}" for s in ("COMPLETE", "PRUNED", "FAIL"))
         + (f", {counts['RUNNING']} running" if counts.get("RUNNING") else "")
+        + (f" ({imported} of them imported by warm_start)" if imported else "")
     )
     if summary.device_hours is not None:
         spent, budget, unit = summary.device_hours
@@ -59,7 +62,9 @@ def print_summary(console: Console, study: optuna.Study, summary: RunSummary, fo
     elif best is None:
         console.print("no trial completed")
     else:
-        console.print(f"best value {best.value:.4f} (trial {best.number})")
+        origin = best.user_attrs.get(IMPORTED)
+        where = f", imported from {origin}, not run here" if origin else ""
+        console.print(f"best value {best.value:.4f} (trial {best.number}{where})")
         params = ", ".join(f"{k}={_fmt(v)}" for k, v in best.params.items())
         console.print(f"best params {params}")
     console.print(f"results in {folder}/ (trials.csv, best.yaml)")
