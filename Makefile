@@ -11,7 +11,7 @@ PYTEST_ARGS ?=
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e '.[torch,tf,dev]'
+	$(PY) -m pip install -q -e '.[torch,tf,lightning,hf,mlflow,dev]'
 	touch $(STAMP)
 
 install: $(STAMP)
