@@ -276,3 +276,78 @@ def test_a_single_logit_output_is_not_scored_by_argmax(tmp_path: Path) -> None:
     lines = check_bundle(bundle)
     assert any("not checked (the first output has shape (143, 1)" in line for line in lines)
     assert lines[-1] == "OK: model.onnx runs on inputs of the declared shapes"
+
+
+def test_a_shipped_subset_is_compared_with_the_framework_on_the_same_rows(
+    tmp_path: Path, onnx_file: tuple[Path, float]
+) -> None:
+    """validation.npz holds only rows the model gets right (accuracy 1.0), metrics.json the
+    whole split's: the check compares with the framework's accuracy on the shipped rows."""
+    bundle = _bundle(tmp_path, onnx_file)
+    x, y = _val()
+    with torch.no_grad():
+        right = _mlp()(torch.from_numpy(x)).argmax(1).numpy() == y
+    assert onnx_file[1] < 0.95  # the whole split scores differently from the subset
+    write_inputs(bundle, {"x": x[:2]}, validation=(x[right], y[right]), validation_accuracy=1.0)
+    assert json.loads((bundle / "inputs.json").read_text())["validation_accuracy"] == 1.0
+    lines = check_bundle(bundle)
+    assert "(the framework on the same rows, inputs.json)" in lines[-2]
+    assert lines[-1] == "OK: model.onnx reproduces the exported validation accuracy"
+
+    write_inputs(bundle, {"x": x[:2]}, validation=(x[right], y[right]))  # no reference
+    with pytest.raises(BundleCheckFailed, match="metrics.json says"):
+        check_bundle(bundle)
+
+
+SERVE = """
+import json, sys
+from pathlib import Path
+import numpy as np, onnxruntime as ort
+bundle = Path(sys.argv[1])
+spec = json.loads((bundle / "inputs.json").read_text())
+(inp,) = spec["inputs"]
+x = np.asarray(json.loads(sys.stdin.read()), dtype=np.float64)
+x = x / inp.get("scale", 1.0)
+x = (x - np.asarray(inp.get("mean", 0.0))) / np.asarray(inp.get("std", 1.0))
+session = ort.InferenceSession(str(bundle / spec["model"]), providers=["CPUExecutionProvider"])
+scores = session.run(None, {inp["name"]: x.astype(inp["dtype"])})[0]
+assert not {"search", "torch", "tensorflow"} & set(sys.modules), "imported more than ort"
+print(json.dumps([spec["classes"][i] for i in scores.argmax(1)]))
+"""
+
+
+def test_a_server_with_only_onnxruntime_and_numpy_turns_raw_rows_into_labels(
+    tmp_path: Path, onnx_file: tuple[Path, float]
+) -> None:
+    """inputs.json carries the normalization and class names: a script that knows nothing
+    else labels raw rows as the framework (PyTorch after the same normalization) does."""
+    from sklearn.datasets import load_breast_cancer
+
+    data = load_breast_cancer()
+    raw, mean, std = data.data[::4], data.data.mean(0), data.data.std(0)
+    bundle = tmp_path / "bundle"
+    bundle.mkdir()
+    (bundle / "model.onnx").write_bytes(onnx_file[0].read_bytes())
+    write_inputs(bundle, bundle / "model.onnx", mean=mean, std=std, classes=data.target_names)
+    declared = read_inputs(bundle)
+    assert declared is not None and declared.classes == ("malignant", "benign")
+    assert np.allclose(declared.inputs[0].mean, mean) and np.allclose(declared.inputs[0].std, std)
+    with torch.no_grad():
+        x = torch.from_numpy(((raw - mean) / std).astype(np.float32))
+        expected = [str(data.target_names[i]) for i in _mlp()(x).argmax(1).numpy()]
+    script = tmp_path / "serve.py"
+    script.write_text(SERVE)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    proc = subprocess.run(
+        [sys.executable, "-I", str(script), str(bundle)],
+        input=json.dumps(raw.tolist()),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=tmp_path,
+        env=env,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout) == expected
+    with pytest.raises(InputsError, match="std must be finite and non-zero"):
+        write_inputs(bundle, bundle / "model.onnx", std=np.zeros(30))

@@ -28,7 +28,9 @@ SIGNATURES = {
     "train_to_end": "(train: 'TrainFn', config: 'Mapping[str, Any]', data: 'Dataset', "
     "ctx: 'TrialContext') -> 'Trained'",
     "write_inputs": "(out_dir: 'str | os.PathLike[str]', inputs: 'Any', outputs: 'Any' = None, "
-    "*, model: 'str' = 'model.onnx', validation: 'Any' = None) -> 'Path'",
+    "*, model: 'str' = 'model.onnx', validation: 'Any' = None, "
+    "validation_accuracy: 'float | None' = None, classes: 'Sequence[Any] | None' = None, "
+    "mean: 'Any' = None, std: 'Any' = None) -> 'Path'",
     "materialize": "(data: 'Dataset', path: 'str | None' = None) -> 'Dataset'",
     "load_digits": "(val_fraction: 'float', seed: 'int') -> 'Dataset'",
 }

@@ -18,13 +18,21 @@ The file (one JSON object)::
       "inputs": [{"name": "x", "shape": [null, 30], "dtype": "float32"}],
       "outputs": [{"name": "logits", "shape": [null, 2], "dtype": "float32",
                    "note": "argmax is the class"}],
-      "validation": "validation.npz"
+      "validation": "validation.npz",
+      "validation_accuracy": 0.8545,
+      "classes": ["benign", "malignant"]
     }
 
 Each input or output has a ``name``, a ``shape`` (ints; ``null`` for the batch dimension and
 any other dynamic one, or a string naming a dynamic dimension) and a ``dtype`` (numpy's name:
 ``float32``, ``int64``...), and optionally ``layout`` (``"NCHW"``, ``"NHWC"``...), ``scale``
-(feed the data's raw values divided by this number) and ``note`` (free text for the card).
+(feed the data's raw values divided by this number), ``mean`` and ``std`` (then subtract
+``mean`` and divide by ``std``: a number, or nested lists that broadcast against one example,
+e.g. one value per feature of a ``[None, 30]`` input) and ``note`` (free text for the card).
+A server turns a raw row into the model's input as ``(raw / scale - mean) / std`` (each step
+only when declared); the built-in trainables keep their scaling inside ``model.onnx`` and
+declare none. ``classes`` (optional) names the classes in the order of the first output's
+columns: its argmax indexes them.
 
 ``model`` is the file described (default ``model.onnx``). ``validation`` (optional) names
 data the check may score the model on, comparing its accuracy with ``metrics.json``:
@@ -33,8 +41,13 @@ data the check may score the model on, comparing its accuracy with ``metrics.jso
   image folder where it exists), as :class:`~search.contract.Dataset` holds it (divided by
   the input's ``scale`` when one is given), into the only input; the first output's argmax
   is the class;
-- a file name in the bundle: an ``.npz`` holding one array per input name and ``labels``
-  (``write_inputs(..., validation=(x, labels))`` writes ``validation.npz``).
+- a file name in the bundle: an ``.npz`` holding one array per input name (as the model
+  takes it: already scaled and normalized) and ``labels`` (``write_inputs(..., validation=(x,
+  labels))`` writes ``validation.npz``).
+
+``validation_accuracy`` (optional) is the framework model's accuracy on exactly the rows of
+that ``.npz``: the check compares the ONNX model with it rather than with ``metrics.json``,
+whose figure covers the whole split (a shipped subset scores differently).
 """
 
 from __future__ import annotations
@@ -43,7 +56,7 @@ import json
 import math
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -126,11 +139,13 @@ class Tensor:
     layout: str | None = None
     scale: float | None = None
     note: str | None = None
+    mean: Any = None
+    std: Any = None
 
     def as_dict(self) -> dict[str, Any]:
         """The JSON entry (optional fields only when set)."""
         entry: dict[str, Any] = {"name": self.name, "shape": list(self.shape), "dtype": self.dtype}
-        for key in ("layout", "scale", "note"):
+        for key in ("layout", "scale", "mean", "std", "note"):
             if getattr(self, key) is not None:
                 entry[key] = getattr(self, key)
         return entry
@@ -143,6 +158,8 @@ class Tensor:
             parts.append(self.layout)
         if self.scale is not None:
             parts.append(f"divide the data's raw values by {self.scale:g}")
+        if self.mean is not None or self.std is not None:
+            parts.append("then subtract mean and divide by std (inputs.json)")
         if self.note:
             parts.append(self.note)
         return ", ".join(parts)
@@ -156,6 +173,8 @@ class Declared:
     outputs: tuple[Tensor, ...] = ()
     model: str = "model.onnx"
     validation: str | None = None
+    validation_accuracy: float | None = None
+    classes: tuple[str, ...] | None = None
 
     def as_dict(self) -> dict[str, Any]:
         data: dict[str, Any] = {
@@ -163,9 +182,50 @@ class Declared:
             "inputs": [t.as_dict() for t in self.inputs],
             "outputs": [t.as_dict() for t in self.outputs],
         }
-        if self.validation is not None:
-            data["validation"] = self.validation
+        for key in ("validation", "validation_accuracy"):
+            if getattr(self, key) is not None:
+                data[key] = getattr(self, key)
+        if self.classes is not None:
+            data["classes"] = list(self.classes)
         return data
+
+
+_FIELDS = ("layout", "scale", "mean", "std", "note")
+"""The optional fields of an input or output."""
+
+
+def _stats(value: Any, where: str, key: str) -> Any:
+    """``mean`` or ``std`` as JSON (a float or nested lists of floats), checked finite (and
+    non-zero for ``std``); None stays None."""
+    if value is None:
+        return None
+    import numpy as np
+
+    try:
+        array = np.asarray(_numpy(value), dtype=np.float64)
+    except (TypeError, ValueError):
+        raise InputsError(f"{where}: {key} must be a number or a list of numbers") from None
+    if not np.isfinite(array).all() or (key == "std" and (array == 0).any()):
+        raise InputsError(f"{where}: {key} must be finite{' and non-zero' if key == 'std' else ''}")
+    return array.tolist()
+
+
+def _classes(value: Any, where: str) -> tuple[str, ...] | None:
+    if value is None:
+        return None
+    if hasattr(value, "tolist"):  # a numpy array of names
+        value = value.tolist()
+    if isinstance(value, str | bytes) or not isinstance(value, Sequence):
+        raise InputsError(f"{where}: classes must be a list of names, got {type(value).__name__}")
+    return tuple(str(c) for c in value)
+
+
+def _accuracy(value: Any, where: str) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= 1:
+        raise InputsError(f"{where}: validation_accuracy must be a number in [0, 1], got {value!r}")
+    return float(value)
 
 
 def _dim(value: Any, where: str) -> Dim:
@@ -203,6 +263,8 @@ def tensor(
     scale: float | None = None,
     note: str | None = None,
     batch: bool = True,
+    mean: Any = None,
+    std: Any = None,
 ) -> Tensor:
     """One input or output, described from an example or a shape.
 
@@ -211,9 +273,11 @@ def tensor(
         value: An example batch (anything with ``shape`` and ``dtype``: numpy, PyTorch,
             TensorFlow, Keras tensors; with ``batch`` its first dimension becomes None), a
             shape (a sequence of ints, None or dimension names, taken as it is), or a mapping
-            with ``shape``, ``dtype`` and optionally ``layout``, ``scale``, ``note``.
+            with ``shape``, ``dtype`` and optionally ``layout``, ``scale``, ``mean``, ``std``,
+            ``note``.
         dtype: Overrides the example's dtype; a shape's default is float32.
         layout, scale, note: Optional notes for the card (module docstring).
+        mean, std: The normalization a server applies after ``scale`` (module docstring).
         batch: Whether an example's first dimension is the batch (made None).
 
     Raises:
@@ -223,8 +287,8 @@ def tensor(
     if not isinstance(name, str) or not name:
         raise InputsError(f"{INPUTS_FILE}: a name must be a non-empty string, got {name!r}")
     if isinstance(value, Mapping):
-        extra = {k: value[k] for k in ("layout", "scale", "note") if value.get(k) is not None}
-        unknown = set(value) - {"name", "shape", "dtype", "layout", "scale", "note"}
+        extra = {k: value[k] for k in _FIELDS if value.get(k) is not None}
+        unknown = set(value) - {"name", "shape", "dtype", *_FIELDS}
         if unknown:
             raise InputsError(f"{where}: unknown field(s) {', '.join(sorted(map(str, unknown)))}")
         if "shape" not in value:
@@ -237,6 +301,8 @@ def tensor(
             scale=extra.get("scale", scale),
             note=extra.get("note", note),
             batch=False,
+            mean=extra.get("mean", mean),
+            std=extra.get("std", std),
         )
     raw_shape = getattr(value, "shape", None)
     if raw_shape is not None and hasattr(value, "dtype"):
@@ -260,6 +326,8 @@ def tensor(
         layout,
         _scale(scale, where),
         note,
+        _stats(mean, where, "mean"),
+        _stats(std, where, "std"),
     )
 
 
@@ -312,6 +380,10 @@ def write_inputs(
     *,
     model: str = "model.onnx",
     validation: Any = None,
+    validation_accuracy: float | None = None,
+    classes: Sequence[Any] | None = None,
+    mean: Any = None,
+    std: Any = None,
 ) -> Path:
     """Writes ``out_dir/inputs.json``: one call from an export hook.
 
@@ -325,6 +397,11 @@ def write_inputs(
         validation: ``"dataset"``, the name of an ``.npz`` already in ``out_dir``, or
             ``(x, labels)`` (``x`` an array for the only input, or a mapping of input name to
             array) saved as ``validation.npz``.
+        validation_accuracy: The framework model's accuracy on exactly those validation rows
+            (the check compares with it; give it when they are a subset of the split).
+        classes: The class names, in the order of the first output's columns.
+        mean, std: The only input's normalization after ``scale`` (per input: a mapping
+            entry's ``mean`` and ``std``).
 
     Returns:
         The path of ``inputs.json``.
@@ -347,6 +424,8 @@ def write_inputs(
     names = [t.name for t in declared_in]
     if len(set(names)) != len(names):
         raise InputsError(f"{INPUTS_FILE}: input names repeat: {', '.join(names)}")
+    if mean is not None or std is not None:
+        declared_in = _normalized(declared_in, mean, std)
     source: str | None
     if validation is None or isinstance(validation, str):
         source = validation
@@ -357,10 +436,30 @@ def write_inputs(
             f"{INPUTS_FILE}: validation must be 'dataset', a file name or (x, labels), "
             f"got {type(validation).__name__}"
         )
-    declared = Declared(declared_in, declared_out, model, source)
+    where = f"{INPUTS_FILE}: write_inputs"
+    declared = Declared(
+        declared_in,
+        declared_out,
+        model,
+        source,
+        _accuracy(validation_accuracy, where),
+        _classes(classes, where),
+    )
     path = out / INPUTS_FILE
     path.write_text(json.dumps(declared.as_dict(), indent=2) + "\n")
     return path
+
+
+def _normalized(inputs: tuple[Tensor, ...], mean: Any, std: Any) -> tuple[Tensor, ...]:
+    """The only input with ``mean`` and ``std`` set."""
+    if len(inputs) != 1:
+        raise InputsError(
+            f"{INPUTS_FILE}: mean and std are for a model with one input; this one has "
+            f"{len(inputs)}: give each input's mean and std in its entry"
+        )
+    where = f"{INPUTS_FILE}: {inputs[0].name!r}"
+    found = replace(inputs[0], mean=_stats(mean, where, "mean"), std=_stats(std, where, "std"))
+    return (found,)
 
 
 def _numpy(value: Any) -> Any:
@@ -395,6 +494,9 @@ def _save_validation(out: Path, inputs: Sequence[Tensor], x: Any, labels: Any) -
     return VALIDATION_FILE
 
 
+_EXTRA = ("validation_accuracy", "classes")
+
+
 def read_inputs(folder: str | os.PathLike[str]) -> Declared | None:
     """The ``inputs.json`` of a bundle folder, or None when there is none.
 
@@ -412,7 +514,7 @@ def read_inputs(folder: str | os.PathLike[str]) -> Declared | None:
         data = {"inputs": data}
     if not isinstance(data, dict):
         raise InputsError(f"{path}: expected an object with 'inputs', got {type(data).__name__}")
-    unknown = set(data) - {"model", "inputs", "outputs", "validation"}
+    unknown = set(data) - {"model", "inputs", "outputs", "validation", *_EXTRA}
     if unknown:
         raise InputsError(f"{path}: unknown field(s) {', '.join(sorted(map(str, unknown)))}")
     model, validation = data.get("model", "model.onnx"), data.get("validation")
@@ -423,8 +525,10 @@ def read_inputs(folder: str | os.PathLike[str]) -> Declared | None:
     try:
         inputs = _tensors(data.get("inputs", []), "inputs")
         outputs = _tensors(data.get("outputs", []), "outputs")
+        accuracy = _accuracy(data.get("validation_accuracy"), INPUTS_FILE)
+        classes = _classes(data.get("classes"), INPUTS_FILE)
     except InputsError as exc:
         raise InputsError(f"{path}: {str(exc).removeprefix(INPUTS_FILE + ': ')}") from None
     if not inputs:
         raise InputsError(f"{path}: no inputs declared")
-    return Declared(inputs, outputs, model, validation)
+    return Declared(inputs, outputs, model, validation, accuracy, classes)

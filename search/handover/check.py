@@ -212,6 +212,19 @@ def _dataset_split(folder: Path, config: dict[str, Any] | None) -> tuple[Any, An
     return data.x_val, data.y_val, f"the image folder's validation split ({len(data.y_val)})"
 
 
+def prepared(t: Tensor, raw: Any) -> np.ndarray:
+    """Raw rows as the model takes them: ``(raw / scale - mean) / std``, each step only when
+    ``t`` declares it (what a server does with ``inputs.json``)."""
+    x = np.asarray(raw, dtype=np.float64 if t.scale or t.mean or t.std else None)
+    if t.scale:
+        x = x / t.scale
+    if t.mean is not None:
+        x = x - np.asarray(t.mean)
+    if t.std is not None:
+        x = x / np.asarray(t.std)
+    return x
+
+
 def _validation(
     folder: Path, declared: Declared | None, inputs: Sequence[Tensor], builtin: bool
 ) -> tuple[dict[str, np.ndarray], np.ndarray, str] | str:
@@ -227,9 +240,7 @@ def _validation(
         if isinstance(split, str):
             return split
         x, y, what = split
-        scale = inputs[0].scale
-        x = np.asarray(x) / scale if scale else np.asarray(x)
-        return {inputs[0].name: x}, np.asarray(y), what
+        return {inputs[0].name: prepared(inputs[0], x)}, np.asarray(y), what
     path = folder / source
     if not path.is_file():
         raise BundleError(f"{INPUTS_FILE} names validation data {source}, which is not in {folder}")
@@ -245,7 +256,15 @@ def _validation(
     return arrays, labels, f"{source} ({len(labels)})"
 
 
-def _target(folder: Path) -> tuple[str, float] | str:
+def _target(folder: Path, declared: Declared | None) -> tuple[str, float, str] | str:
+    """What the ONNX accuracy is compared with, as ``(how the report names it, value, file)``:
+    the framework's accuracy on exactly the shipped rows when ``inputs.json`` has it (the
+    whole split's, in ``metrics.json``, would compare a subset with the split), else
+    ``metrics.json``'s final accuracy; or why there is none."""
+    shipped = declared is not None and declared.validation not in (None, DATASET)
+    if shipped and declared is not None and declared.validation_accuracy is not None:
+        how = "the framework on the same rows, inputs.json"
+        return how, declared.validation_accuracy, INPUTS_FILE
     path = folder / "metrics.json"
     if not path.is_file():
         return "metrics.json is missing"
@@ -256,7 +275,7 @@ def _target(folder: Path) -> tuple[str, float] | str:
     for key in TARGETS:
         value = final.get(key)
         if isinstance(value, int | float) and math.isfinite(value):
-            return key, float(value)
+            return f"exported {key}", float(value), "metrics.json"
     return f"metrics.json's final metrics have no {' or '.join(TARGETS)}"
 
 
@@ -350,7 +369,7 @@ def check_bundle(folder: str | Path) -> list[str]:
         raise BundleCheckFailed(problem, lines)
 
     val = _validation(folder, declared, inputs, builtin)
-    target = _target(folder)
+    target = _target(folder, declared)
     if isinstance(val, str) or isinstance(target, str):
         why = val if isinstance(val, str) else target
         lines.append(f"validation accuracy: not checked ({why})")
@@ -392,16 +411,16 @@ def check_bundle(folder: str | Path) -> list[str]:
         lines.append(f"validation accuracy: not checked ({why})")
         lines.append("OK: model.onnx runs on inputs of the declared shapes")
         return lines
-    key, exported = target
+    how, exported, source = target
     accuracy = float((scores.argmax(axis=1) == labels).mean())
     diff, allowed = abs(accuracy - exported), 1.0 / n
     lines.append(
-        f"val_accuracy {accuracy:.4f} (onnx, {what}) vs {exported:.4f} (exported {key}): "
+        f"val_accuracy {accuracy:.4f} (onnx, {what}) vs {exported:.4f} ({how}): "
         f"difference {diff:.4f}, allowed {allowed:.4f} (one example)"
     )
     if diff > allowed:
         raise BundleCheckFailed(
-            f"model.onnx scores {accuracy:.4f} on {what}, metrics.json says {exported:.4f}",
+            f"model.onnx scores {accuracy:.4f} on {what}, {source} says {exported:.4f}",
             lines,
         )
     lines.append("OK: model.onnx reproduces the exported validation accuracy")
