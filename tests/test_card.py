@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -178,3 +179,39 @@ def test_builtin_card_with_the_onnx_checks_prints_their_numbers(tmp_path: Path) 
     card = _card(tmp_path, "torch_cnn", final, bundle)
     assert "largest absolute difference 2.50e-06 (limit 1e-4), validation accuracy 0.9000" in card
     assert "- inputs: not declared by the export hook (not checked)." in card
+
+
+def test_environment_records_the_projects_commit_and_the_datas_fingerprint(
+    tmp_path: Path, user_package: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """environment.txt: the commit of the git checkout holding the trainable's module (or
+    "not a git checkout"), the loader with its arguments, the arrays' shapes and a hash that
+    changes with the data."""
+    import subprocess
+
+    from search.contract.dataset import Dataset
+    from search.handover.card import environment
+    from search.spec.schema import DataSpec
+
+    for name in [m for m in sys.modules if m.split(".")[0] == "tabular_user"]:
+        monkeypatch.delitem(sys.modules, name)  # an earlier test's package, elsewhere
+    x = np.arange(12, dtype=np.float32).reshape(4, 3)
+    data = Dataset(x, np.array([0, 1, 0, 1]), x[:2], np.array([0, 1]), 2, "rows")
+    spec = DataSpec.model_validate({"loader": "tabular_user.data:load", "args": {"rows": 4}})
+    text = environment(user_package, data, spec)
+    assert "project git none (not a git checkout)" in text.splitlines()
+    assert 'data loader tabular_user.data:load {"rows": 4}' in text
+    assert "data x_train float32 (4, 3), y_train int64 (4,), x_val float32 (2, 3)" in text
+    digest = re.search(r"^data sha256 ([0-9a-f]{64})$", text, re.M)
+    assert digest is not None
+
+    root = tmp_path / "pkg"
+    git = ["git", "-C", str(root), "-c", "user.email=t@t", "-c", "user.name=t"]
+    subprocess.run([*git, "init", "-q"], check=True)
+    subprocess.run([*git, "add", "."], check=True)
+    subprocess.run([*git, "commit", "-qm", "trainable"], check=True)
+    head = subprocess.run([*git, "rev-parse", "HEAD"], capture_output=True, text=True).stdout
+    changed = Dataset(x + 1, data.y_train, data.x_val, data.y_val, 2, "rows")
+    again = environment(user_package, changed, spec)
+    assert f"project git {head.strip()} ({root.resolve()})" in again
+    assert digest.group(1) not in again and "data sha256 " in again

@@ -140,7 +140,7 @@ def _write_files(
     """``metrics.json``, ``environment.txt``, ``learning_curves.png`` and ``MODEL_CARD.md``."""
     spec = session.spec
     (out / "metrics.json").write_text(json.dumps(metrics, indent=2, default=str) + "\n")
-    (out / "environment.txt").write_text(card.environment(spec.trainable))
+    (out / "environment.txt").write_text(card.environment(spec.trainable, session.data, spec.data))
     history = metrics["final_history"]
     card.learning_curves(out / "learning_curves.png", runs, chosen, history, spec.primary.metric)
     text = card.model_card(session.study, spec, metrics, out)

@@ -16,13 +16,15 @@ from typing import TYPE_CHECKING, Any
 from search.contract import BUILTIN
 from search.contract.inputs import INPUTS_FILE, Declared, InputsError, read_inputs
 from search.errors import one_line
+from search.handover.lineage import lineage_lines
 from search.report.html import summarize
 
 if TYPE_CHECKING:
     import optuna
 
+    from search.contract.dataset import Dataset
     from search.handover.confirm import ConfirmRun
-    from search.spec.schema import StudySpec
+    from search.spec.schema import DataSpec, StudySpec
 
 PACKAGES = (
     "search",
@@ -79,8 +81,12 @@ def _gpus() -> str:
     return "none"
 
 
-def environment(trainable: str) -> str:
-    """Python, packages, git commit, CPU and GPU: what the bundle was made with."""
+def environment(
+    trainable: str, data: Dataset | None = None, data_spec: DataSpec | None = None
+) -> str:
+    """Python, packages, this tool's and the user's project's git commits, CPU and GPU, and
+    the data's loader and fingerprint: what the bundle was made with and from
+    (:mod:`search.handover.lineage`)."""
     lines = [
         f"python {sys.version.split()[0]} ({sys.executable})",
         f"platform {platform.platform()}",
@@ -94,6 +100,7 @@ def environment(trainable: str) -> str:
         lines.append(f"git {commit}{dirty}")
     else:
         lines.append("git none (not a git checkout)")
+    lines += lineage_lines(trainable, data, data_spec)
     lines.append("")
     for name in PACKAGES:
         try:
@@ -353,7 +360,8 @@ hyperparameter study `{spec.study}` ({summary.trials} trials), confirmed with
   `python -m search run config.yaml` trains it as a one-trial study.
 {chr(10).join(files)}
 - `metrics.json`: the confirmation table, the final metrics and the final run's curve.
-- `environment.txt`: Python, packages, git commit, CPU and GPU.
+- `environment.txt`: Python, packages, git commits (this tool's and the trainable's
+  project), CPU and GPU, the data's loader and fingerprint (shapes, dtypes, sha256).
 
 ## How it was chosen
 

@@ -1,0 +1,105 @@
+"""Lineage for ``environment.txt``: the user's project commit, the data's fingerprint and the
+loader that returned it.
+
+``environment.txt`` already records this tool's git commit; these lines add what the bundle was
+made *from*:
+
+    project git 3f2a... (/home/me/proj, with uncommitted changes)
+    data loader myproj.data:load {"path": "data.csv", "rows": 500}
+    data x_train float32 (400, 30), y_train int64 (400,), x_val float32 (100, 30), ...
+    data sha256 9b1c...
+
+The project is the git checkout holding the trainable's module file (``not a git checkout``
+when there is none); the hash covers the four arrays' dtypes, shapes and bytes, in order.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import json
+import subprocess
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from search.contract import BUILTIN
+
+if TYPE_CHECKING:
+    from search.contract.dataset import Dataset
+    from search.spec.schema import DataSpec
+
+ARRAYS = ("x_train", "y_train", "x_val", "y_val")
+"""The arrays of a :class:`~search.contract.Dataset` the fingerprint covers, in order."""
+
+
+def git(folder: Path, *args: str) -> str:
+    """``git -C folder args`` 's output, stripped; '' when git fails or is missing."""
+    try:
+        done = subprocess.run(
+            ["git", "-C", str(folder), *args],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return ""
+    return done.stdout.strip() if done.returncode == 0 else ""
+
+
+def module_file(trainable: str) -> Path | None:
+    """The file of the module that holds ``trainable`` (a built-in name or
+    ``package.module:function``), found without importing it; None when there is none."""
+    target = BUILTIN.get(trainable, trainable)
+    module = target.partition(":")[0]
+    try:
+        spec = importlib.util.find_spec(module)
+    except (ImportError, ValueError):
+        return None
+    origin = getattr(spec, "origin", None)
+    return Path(origin).resolve() if origin and origin not in ("built-in", "frozen") else None
+
+
+def project_commit(trainable: str) -> str:
+    """``project git <commit> (<checkout>[, with uncommitted changes])`` for the checkout
+    holding the trainable's module, or ``project git none (not a git checkout)``."""
+    path = module_file(trainable)
+    root = git(path.parent, "rev-parse", "--show-toplevel") if path else ""
+    commit = git(Path(root), "rev-parse", "HEAD") if root else ""
+    if not commit:
+        return "project git none (not a git checkout)"
+    dirty = ", with uncommitted changes" if git(Path(root), "status", "--porcelain") else ""
+    return f"project git {commit} ({root}{dirty})"
+
+
+def fingerprint(data: Dataset) -> tuple[str, str]:
+    """``(shapes, sha256)``: each array's dtype and shape, and one hash over them all."""
+    import numpy as np
+
+    digest = hashlib.sha256()
+    parts = []
+    for name in ARRAYS:
+        array = np.ascontiguousarray(getattr(data, name))
+        parts.append(f"{name} {array.dtype} {tuple(array.shape)}")
+        digest.update(f"{name}|{array.dtype.str}|{array.shape}|".encode())
+        digest.update(array.tobytes())
+    return ", ".join(parts), digest.hexdigest()
+
+
+def data_lines(data: Dataset | None, spec: DataSpec | None) -> list[str]:
+    """The ``data ...`` lines of ``environment.txt`` (none when nothing is known)."""
+    lines = []
+    if spec is not None and spec.loader is not None:
+        lines.append(f"data loader {spec.loader} {json.dumps(spec.args, default=str)}")
+    elif spec is not None:
+        lines.append(f"data built-in {spec.name}")
+    if data is not None:
+        shapes, digest = fingerprint(data)
+        where = f" (read from {data.path} per trial)" if data.path else ""
+        lines += [f"data {shapes}{where}", f"data sha256 {digest}"]
+    return lines
+
+
+def lineage_lines(trainable: str, data: Dataset | None, spec: DataSpec | None) -> list[str]:
+    """Every lineage line: the project's commit, then the data's."""
+    return [project_commit(trainable), *data_lines(data, spec)]
