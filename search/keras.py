@@ -54,6 +54,7 @@ from typing import TYPE_CHECKING, Any
 
 from search.contract import Metrics, TrainFn, TrialContext, as_metrics, train_to_end
 from search.contract.driver import as_number
+from search.contract.inputs import write_inputs
 
 if TYPE_CHECKING:
     from search.contract import Dataset
@@ -61,6 +62,9 @@ if TYPE_CHECKING:
 WEIGHTS_FILE = "model.weights.h5"
 STATE_FILE = "state.json"
 MODEL_FILE = "model.keras"
+ONNX_FILE = "model.onnx"
+ONNX_TOLERANCE = 1e-4
+"""Largest absolute difference allowed between ONNX Runtime's outputs and Keras'."""
 _COUNTERS = ("wait", "best", "best_epoch", "stopped_epoch", "cooldown_counter")
 """Attributes of Keras' EarlyStopping and ReduceLROnPlateau that carry their patience."""
 
@@ -220,14 +224,90 @@ def save_model(model: Any, out_dir: str | Path) -> Path:
     return out / MODEL_FILE
 
 
+def save_onnx(
+    model: Any,
+    out_dir: str | Path,
+    x: Any = None,
+    labels: Any = None,
+    **declare: Any,
+) -> Metrics:
+    """Writes ``out_dir/model.onnx`` (Keras 3's ``model.export(format="onnx")``, through
+    tf2onnx), checks it against Keras with onnxruntime and declares it in ``inputs.json``.
+
+    Args:
+        model: A built Keras model with one input.
+        x: Inputs as the model takes them (compared on, with 32 random rows uniform in
+            [0, 1) of the model's input shape); with ``labels``, shipped as ``validation.npz``
+            with Keras' accuracy on exactly those rows.
+        declare: More fields of the input (``scale``, ``layout``, ``mean``, ``std``) and
+            :func:`~search.write_inputs` keywords (``classes``).
+
+    Returns:
+        ``onnx_max_abs_diff`` and, with ``labels``, ``onnx_val_accuracy``.
+
+    Raises:
+        ValueError: When the model has several inputs, or ONNX Runtime's outputs differ from
+            Keras' by more than :data:`ONNX_TOLERANCE`.
+    """
+    import numpy as np
+    import onnxruntime as ort
+
+    from search.contract.inputs import graph_tensors
+
+    if len(model.inputs) != 1:
+        raise ValueError(
+            f"model.onnx: save_onnx takes a model with one input, not {len(model.inputs)}"
+        )
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    model.export(str(out / ONNX_FILE), format="onnx", verbose=False)
+    session = ort.InferenceSession(str(out / ONNX_FILE), providers=["CPUExecutionProvider"])
+    name = session.get_inputs()[0].name
+    shape = tuple(int(d) for d in model.inputs[0].shape[1:])
+    random = np.random.default_rng(0).random((32, *shape), dtype=np.float32)
+    feeds = [random] + ([np.asarray(x, dtype=np.float32)] if x is not None else [])
+    diff, scores, got = 0.0, np.empty(0), np.empty(0)
+    for feed in feeds:
+        got = session.run(None, {name: feed})[0]
+        scores = np.asarray(model.predict(feed, verbose=0))
+        diff = max(diff, float(np.abs(got - scores).max()))
+    if not diff <= ONNX_TOLERANCE:
+        raise ValueError(
+            f"model.onnx: outputs differ from Keras' by {diff:.3g} (> {ONNX_TOLERANCE})"
+        )
+    found: Metrics = {"onnx_max_abs_diff": diff}
+    keywords = {k: declare.pop(k) for k in ("classes",) if k in declare}
+    (graph_in,) = graph_tensors(session.get_inputs())
+    entry = {"shape": graph_in.shape, "dtype": graph_in.dtype, **declare}
+    val: Any = None
+    if x is not None and labels is not None:
+        val = (feeds[-1], np.asarray(labels))
+        keywords["validation_accuracy"] = float((scores.argmax(1) == val[1]).mean())
+        found["onnx_val_accuracy"] = float((got.argmax(1) == val[1]).mean())
+    write_inputs(
+        out, {name: entry}, graph_tensors(session.get_outputs()), validation=val, **keywords
+    )
+    return found
+
+
 def train_and_save(
     train: TrainFn, config: Mapping[str, Any], data: Dataset, ctx: TrialContext, out_dir: Path
 ) -> Metrics:
-    """An export hook in one call: :func:`train_to_end` with ``train``, then :func:`save_model`.
+    """An export hook in one call: :func:`train_to_end` with ``train``, then :func:`save_model`
+    and :func:`save_onnx`.
 
     ``train`` must end with ``return (yield from fit(...))`` (:func:`fit` returns the model).
-    Returns the last epoch's metrics plus ``epochs``, the number of epochs trained.
+    ``model.onnx`` is compared with Keras on ``data``'s validation inputs when the model takes
+    them as they are (float, the model's input shape; else on random inputs only) and shipped
+    with them as ``validation.npz``. Returns the last epoch's metrics plus ``epochs``, the
+    number of epochs trained, and :func:`save_onnx`'s (none for a model with several inputs).
     """
     trained = train_to_end(train, config, data, ctx)
     save_model(trained.model, out_dir)
-    return {**trained.metrics, "epochs": float(trained.epochs)}
+    found = {**trained.metrics, "epochs": float(trained.epochs)}
+    model = trained.model
+    if len(model.inputs) != 1:
+        return found
+    x, y = data.x_val, data.y_val
+    fits = tuple(x.shape[1:]) == tuple(model.inputs[0].shape[1:]) and x.dtype.kind == "f"
+    return found | save_onnx(model, out_dir, *((x, y) if fits and len(x) else ()))

@@ -193,3 +193,18 @@ def test_train_to_end_and_train_and_save(wine: Arrays, tmp_path: Path) -> None:
     assert metrics["epochs"] == 2.0 and "val_loss" in metrics
     reloaded = keras.models.load_model(tmp_path / "out" / "model.keras")
     assert reloaded.predict(xv, verbose=0).shape == (len(yv), 3)
+    # model.onnx, checked against Keras, and a bundle the check accepts on the shipped rows
+    from search.contract.inputs import read_inputs
+    from search.handover.check import check_bundle
+
+    out = tmp_path / "out"
+    assert metrics["onnx_max_abs_diff"] <= search.keras.ONNX_TOLERANCE
+    declared = read_inputs(out)
+    assert declared is not None and declared.model == "model.onnx"
+    assert declared.validation == "validation.npz"
+    keras_accuracy = float((reloaded.predict(xv, verbose=0).argmax(1) == yv).mean())
+    assert declared.validation_accuracy == pytest.approx(keras_accuracy)
+    assert metrics["onnx_val_accuracy"] == pytest.approx(keras_accuracy, abs=1 / len(yv))
+    (out / "metrics.json").write_text(json.dumps({"final": {"val_accuracy": 0.0}}))
+    lines = check_bundle(out)
+    assert lines[-1] == "OK: model.onnx reproduces the exported validation accuracy"
