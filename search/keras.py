@@ -64,6 +64,7 @@ STATE_FILE = "state.json"
 MODEL_FILE = "model.keras"
 ONNX_FILE = "model.onnx"
 ONNX_TOLERANCE = 1e-4
+ONNX_OPSET = 17
 """Largest absolute difference allowed between ONNX Runtime's outputs and Keras'."""
 _COUNTERS = ("wait", "best", "best_epoch", "stopped_epoch", "cooldown_counter")
 """Attributes of Keras' EarlyStopping and ReduceLROnPlateau that carry their patience."""
@@ -231,8 +232,9 @@ def save_onnx(
     labels: Any = None,
     **declare: Any,
 ) -> Metrics:
-    """Writes ``out_dir/model.onnx`` (Keras 3's ``model.export(format="onnx")``, through
-    tf2onnx), checks it against Keras with onnxruntime and declares it in ``inputs.json``.
+    """Writes ``out_dir/model.onnx`` (:func:`_to_onnx`), checks it against Keras with
+    onnxruntime and declares it in ``inputs.json`` (input: the Keras input's name; output:
+    ``output_0``).
 
     Args:
         model: A built Keras model with one input.
@@ -260,7 +262,7 @@ def save_onnx(
         )
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    model.export(str(out / ONNX_FILE), format="onnx", verbose=False)
+    _to_onnx(model, out / ONNX_FILE)
     session = ort.InferenceSession(str(out / ONNX_FILE), providers=["CPUExecutionProvider"])
     name = session.get_inputs()[0].name
     shape = tuple(int(d) for d in model.inputs[0].shape[1:])
@@ -288,6 +290,38 @@ def save_onnx(
         out, {name: entry}, graph_tensors(session.get_outputs()), validation=val, **keywords
     )
     return found
+
+
+def _to_onnx(model: Any, path: Path) -> None:
+    """Converts ``model`` with tf2onnx from its frozen graph (Keras 3's ``model.export(...,
+    format="onnx")`` leaves captured constants, e.g. a ``Normalization`` layer's statistics,
+    as extra graph inputs), then names the input after Keras' and the output ``output_0``."""
+    import tensorflow as tf
+    import tf2onnx
+    from tensorflow.python.framework.convert_to_constants import (
+        convert_variables_to_constants_v2,
+    )
+
+    name = str(model.inputs[0].name)
+    spec = (tf.TensorSpec(model.inputs[0].shape, model.inputs[0].dtype, name="x"),)
+    frozen = convert_variables_to_constants_v2(
+        tf.function(
+            lambda x: model(x, training=False), input_signature=spec
+        ).get_concrete_function()
+    )
+    proto, _ = tf2onnx.convert.from_graph_def(
+        frozen.graph.as_graph_def(),
+        input_names=[t.name for t in frozen.inputs],
+        output_names=[t.name for t in frozen.outputs],
+        opset=ONNX_OPSET,
+    )
+    renames = {proto.graph.input[0].name: name, proto.graph.output[0].name: "output_0"}
+    for value in (*proto.graph.input, *proto.graph.output):
+        value.name = renames.get(value.name, value.name)
+    for node in proto.graph.node:
+        node.input[:] = [renames.get(n, n) for n in node.input]
+        node.output[:] = [renames.get(n, n) for n in node.output]
+    path.write_bytes(proto.SerializeToString())
 
 
 def train_and_save(

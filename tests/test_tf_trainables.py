@@ -6,6 +6,7 @@ first epoch of a Keras trial is mostly graph tracing.
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Mapping
 from pathlib import Path
@@ -271,3 +272,16 @@ def test_export_hook_saves_a_keras_file_and_a_saved_model(small: Dataset, tmp_pa
     assert final["epochs"] == 1.0 and len(history) == 1
     assert final["export_val_accuracy"] == pytest.approx(final["val_accuracy"], abs=1e-6)
     assert final["input_scale"] == float(small.x_train.max())
+    # model.onnx checked against Keras; check accepts the bundle on its shipped rows
+    from search.contract.inputs import read_inputs
+    from search.handover.check import check_bundle
+
+    assert final["onnx_max_abs_diff"] <= 1e-4
+    declared = read_inputs(tmp_path)
+    assert declared is not None and declared.model == "model.onnx"
+    assert declared.inputs[0].layout == "NHWC" and declared.inputs[0].scale == final["input_scale"]
+    assert declared.validation_accuracy == pytest.approx(final["export_val_accuracy"], abs=1e-6)
+    (tmp_path / "metrics.json").write_text(json.dumps({"final": final}))
+    assert (
+        check_bundle(tmp_path)[-1] == "OK: model.onnx reproduces the exported validation accuracy"
+    )

@@ -15,7 +15,7 @@ importing this package imports no framework::
                               model parts, optimizer, schedule
             data.py           load_data: arrays or image folder -> Splits (scaled, subsampled)
             loop.py           fit_epochs: one ``fit`` per epoch, checkpoints, the model handle
-            export.py         the export hook (model.keras, SavedModel)
+            export.py         the export hook (model.keras, SavedModel, model.onnx)
             devices.py        threads, GPU memory, replicas, MirroredStrategy
             cnn.py transfer.py               tf_cnn, tf_transfer
 

@@ -229,7 +229,7 @@ def _inputs(
     names = ", ".join(f"`{t.name}`" for t in onnx)
     lines = []
     if (out / "model.onnx").exists():
-        if builtin:
+        if builtin and not (out / "model.keras").exists():  # the PyTorch built-ins' words
             what = f"input {names or '`input`'}"
             lines.append(
                 f"- `model.onnx`: {what}, float32 NCHW, values as the dataset holds them "

@@ -11,8 +11,12 @@ returns, ``(model, splits)`` from :func:`trainables.tf.loop.fit_epochs`), then w
                    float32 images divided by ``input_scale`` (the training split's largest
                    value: 16 for the digits, 255 for most image folders) and returns class
                    probabilities
-    inputs.json    the model's inputs and outputs (:func:`search.write_inputs`): names,
-                   shapes, dtypes, NHWC and the ``scale`` the raw data is divided by
+    model.onnx     the same model for onnxruntime (:func:`search.keras.save_onnx`), checked
+                   against Keras on random inputs and the validation split
+    inputs.json    ``model.onnx``'s input and output (:func:`search.write_inputs`): names
+                   (the SavedModel's signature has the same), shapes, dtypes, NHWC and the
+                   ``scale`` the raw data is divided by; ``validation.npz`` is the validation
+                   split as the model takes it, with Keras' accuracy on it
 
 and scores the reloaded ``model.keras`` on the validation split.
 """
@@ -25,31 +29,8 @@ from typing import Any
 
 import keras
 
-from search import Dataset, ExportFn, Metrics, TrainFn, TrialContext, train_to_end, write_inputs
+from search import Dataset, ExportFn, Metrics, TrainFn, TrialContext, train_to_end
 from trainables.tf.data import pipeline
-
-
-def declare_keras(out_dir: Path, model: keras.Model, scale: float) -> Path:
-    """Writes ``inputs.json`` for ``model.keras`` (and the SavedModel's ``serving_default``
-    signature, whose arguments carry the same names): from ``model.inputs``/``outputs``."""
-    inputs = {
-        t.name: {
-            "shape": tuple(t.shape),
-            "dtype": t.dtype,
-            "layout": "NHWC" if len(t.shape) == 4 else None,
-            "scale": scale,
-        }
-        for t in model.inputs
-    }
-    outputs = {
-        f"output_{i}": {
-            "shape": tuple(t.shape),
-            "dtype": t.dtype,
-            "note": "class probabilities (softmax)" if i == 0 else None,
-        }
-        for i, t in enumerate(model.outputs)
-    }
-    return write_inputs(out_dir, inputs, outputs, model="model.keras")
 
 
 def export_keras(
@@ -69,7 +50,14 @@ def export_keras(
     model, splits = trained.model
     model.save(out / "model.keras")
     model.export(str(out / "saved_model"), format="tf_saved_model", verbose=False)
-    declare_keras(out, model, splits.scale)
+    import numpy as np
+
+    from search.keras import save_onnx
+
+    batches = list(splits.val.batch(1024).as_numpy_iterator())
+    x_val, y_val = (np.concatenate([b[i] for b in batches]) for i in (0, 1))
+    layout = "NHWC" if x_val.ndim == 4 else None
+    onnx = save_onnx(model, out, x_val, y_val, scale=splits.scale, layout=layout)
     reloaded = keras.models.load_model(out / "model.keras")
     val = pipeline(splits.val, int(config.get("batch_size", 64)), ctx.num_threads)
     val_loss, val_accuracy = reloaded.evaluate(val, verbose=0)
@@ -79,6 +67,7 @@ def export_keras(
         "export_val_loss": float(val_loss),
         "export_val_accuracy": float(val_accuracy),
         "input_scale": float(splits.scale),
+        **onnx,
     }
 
 
