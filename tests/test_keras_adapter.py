@@ -208,3 +208,27 @@ def test_train_to_end_and_train_and_save(wine: Arrays, tmp_path: Path) -> None:
     (out / "metrics.json").write_text(json.dumps({"final": {"val_accuracy": 0.0}}))
     lines = check_bundle(out)
     assert lines[-1] == "OK: model.onnx reproduces the exported validation accuracy"
+
+
+def test_export_compares_a_user_hooks_onnx_with_its_keras_file(
+    wine: Arrays, tmp_path: Path
+) -> None:
+    """A hook that wrote model.keras and model.onnx: export's comparison reloads the Keras
+    file and runs both on random and shipped rows; a wrong ONNX file shows a large difference."""
+    from search.handover.compare import TOLERANCE, onnx_against_keras
+
+    _, _, xv, yv = wine
+    model = build()
+    model.predict(xv[:2], verbose=0)
+    search.keras.save_model(model, tmp_path)
+    assert onnx_against_keras(tmp_path) == {}  # no model.onnx: nothing to compare
+    search.keras.save_onnx(model, tmp_path, xv, yv)
+    found = onnx_against_keras(tmp_path)
+    assert found["onnx_max_abs_diff"] <= TOLERANCE
+    accuracy = float((model.predict(xv, verbose=0).argmax(1) == yv).mean())
+    assert found["onnx_val_accuracy"] == pytest.approx(accuracy, abs=1 / len(yv))
+
+    keras.utils.set_random_seed(1)
+    other = keras.Sequential([keras.Input((13,)), keras.layers.Dense(3)])
+    search.keras._to_onnx(other, tmp_path / "model.onnx")
+    assert onnx_against_keras(tmp_path)["onnx_max_abs_diff"] > TOLERANCE

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from search.handover import card
+from search.handover import card, compare
 from search.handover.candidates import resolved_config
 from search.handover.confirm import ConfirmRun, Row, median_seed
 from search.handover.train import Log, train_spec
@@ -111,6 +111,8 @@ def write_bundle(
     history: list[dict[str, float]] = []
     out.mkdir(parents=True, exist_ok=True)
     final = train_spec(parse_spec(bundle, "config.yaml"), out, log=None, history=history)
+    if "onnx_max_abs_diff" not in final:
+        final = {**final, **_onnx_checked(out, session.log)}
     twin = chosen.values.get(seed)
     value = f"{metric} {final.get(metric, math.nan):.4f}"
     same = f" (its confirmation run with seed {seed}: {twin:.4f})" if twin is not None else ""
@@ -127,6 +129,20 @@ def write_bundle(
         f"({', '.join(sorted(p.name for p in out.iterdir()))}) in {seconds:.0f} s"
     )
     return ExportResult(out, list(rows), chosen, seed, final, seconds)
+
+
+def _onnx_checked(out: Path, log: Log) -> dict[str, float]:
+    """A user's hook wrote ``model.onnx`` and ``model.keras``: compare them
+    (:mod:`search.handover.compare`), logging a difference over its tolerance or a failure."""
+    try:
+        found = compare.onnx_against_keras(out)
+    except ValueError as exc:
+        log(f"warning: {exc}")
+        return {}
+    diff = found.get("onnx_max_abs_diff", 0.0)
+    if diff > compare.TOLERANCE:
+        log(f"warning: model.onnx differs from model.keras by {diff:.3g} (> {compare.TOLERANCE})")
+    return found
 
 
 def _write_files(

@@ -243,8 +243,8 @@ def _inputs(
             what = f"input {names}" if names else "inputs as its graph declares them"
             diff = final.get("onnx_max_abs_diff")
             checked = (
-                "the export hook compared it with the training framework: largest absolute "
-                f"difference {_number(diff, '.2e')}"
+                "compared with the training framework (by the hook, or by export reloading "
+                f"`model.keras`): largest absolute difference {_number(diff, '.2e')}"
                 if _number(diff) != NOT_CHECKED
                 else "compared with the training framework: not checked"
             )
