@@ -54,7 +54,7 @@ from typing import TYPE_CHECKING, Any
 
 from search.contract import Metrics, TrainFn, TrialContext, as_metrics, train_to_end
 from search.contract.driver import as_number
-from search.contract.inputs import write_inputs
+from search.contract.inputs import graph_tensors, write_inputs
 
 if TYPE_CHECKING:
     from search.contract import Dataset
@@ -253,8 +253,6 @@ def save_onnx(
     """
     import numpy as np
     import onnxruntime as ort
-
-    from search.contract.inputs import graph_tensors
 
     if len(model.inputs) != 1:
         raise ValueError(

@@ -43,6 +43,8 @@ KERAS = {
     "fit": "(model: 'Any', ctx: 'TrialContext', *args: 'Any', callbacks: 'Sequence[Any]' = (), "
     "**fit_kwargs: 'Any') -> 'Generator[Metrics, None, Any]'",
     "save_model": "(model: 'Any', out_dir: 'str | Path') -> 'Path'",
+    "save_onnx": "(model: 'Any', out_dir: 'str | Path', x: 'Any' = None, labels: 'Any' = None, "
+    "**declare: 'Any') -> 'Metrics'",
     "train_and_save": "(train: 'TrainFn', config: 'Mapping[str, Any]', data: 'Dataset', "
     "ctx: 'TrialContext', out_dir: 'Path') -> 'Metrics'",
 }
