@@ -35,6 +35,8 @@ def one_trial_spec(
     data["storage"] = storage
     data.pop("profile", None)
     data.pop("profile_trial", None)
+    data.pop("tracking", None)  # a retrain is no search to track, and a URI may hold a password
+    data.pop("export", None)
     return data
 
 
