@@ -246,13 +246,6 @@ class ExportSpec(_Strict):
     mlflow: MlflowExportSpec | None = None
 
 
-class TrackingSpec(_Strict):
-    """Optional tracking of the search itself (:mod:`search.run.tracking`): ``mlflow`` is a
-    tracking URI; the study is one parent run, each trial a child run."""
-
-    mlflow: str | None = Field(None, min_length=1)
-
-
 class StudySpec(_Strict):
     """A whole study: what to train, on what, how to search and where to record it."""
 
@@ -270,7 +263,6 @@ class StudySpec(_Strict):
     profile_trial: int = Field(0, ge=0)
     storage: str = DEFAULT_STORAGE
     export: ExportSpec | None = None
-    tracking: TrackingSpec | None = None
     fixed: dict[str, Any] = {}
     space: dict[str, Param] = {}
 
