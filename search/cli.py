@@ -269,6 +269,24 @@ def export(
             "satisfy them.",
         ),
     ] = None,
+    mlflow: Annotated[
+        str | None,
+        typer.Option(
+            help="Register the winner (each Pareto point) in this MLflow registry: a server "
+            "URL, sqlite:///mlflow.db or a folder; alias challenger.",
+        ),
+    ] = None,
+    model_name: Annotated[
+        str | None, typer.Option(help="The registered model's name (default: the study's).")
+    ] = None,
+    promote: Annotated[
+        bool,
+        typer.Option(
+            "--promote",
+            help="Move alias champion to the new version when it beats the champion by more "
+            "than one standard error.",
+        ),
+    ] = False,
 ) -> None:
     """Confirm the top configs with fresh seeds, retrain the winner, write a model bundle."""
     from search.handover.export import export_study
@@ -279,10 +297,37 @@ def export(
         raise SearchError("--pareto and --pick: give one (--pareto exports every point)")
     check_storage(storage, "--storage")
     log = functools.partial(console.print, markup=False)
+    target = _registry(study, storage, mlflow, model_name, promote)
     if pareto:
-        export_pareto(study, storage, out, seeds, address, results, log)
-        return
-    export_study(study, storage, out, top_k, seeds, address, results, log, pick=pick)
+        front = export_pareto(study, storage, out, seeds, address, results, log)
+        bundles = [p.bundle.out_dir for p in front.points if p.bundle is not None]
+    else:
+        result = export_study(study, storage, out, top_k, seeds, address, results, log, pick=pick)
+        bundles = [result.out_dir]
+    if target is not None:
+        from search.handover.registry import register_bundle
+
+        for folder in bundles:
+            register_bundle(folder, target, log)
+
+
+def _registry(
+    study: str, storage: str, uri: str | None, model_name: str | None, promote: bool
+) -> Any:
+    """The MLflow target of ``export``, checked before any confirmation run (None: none)."""
+    if uri is None and model_name is None and not promote:
+        from search.handover.candidates import stored_spec
+        from search.record.study import load_study
+
+        spec = stored_spec(load_study(study, storage), storage)
+        if spec.export is None or spec.export.mlflow is None:
+            return None  # no MLflow import for a plain export
+    from search.handover.registry import preflight, target_for
+
+    target = target_for(study, storage, uri, model_name, promote)
+    if target is not None:
+        preflight(target)
+    return target
 
 
 @app.command()
@@ -343,13 +388,29 @@ def train(
 @app.command()
 @one_line_errors
 def check(
-    bundle: Annotated[Path, typer.Argument(help="An export bundle folder (model.onnx).")],
+    bundle: Annotated[
+        str, typer.Argument(help="An export bundle folder (model.onnx), or models:/name@alias.")
+    ],
+    mlflow: Annotated[
+        str | None, typer.Option(help="The MLflow registry of a models:/ URI.")
+    ] = None,
 ) -> None:
-    """Run a bundle's model.onnx with onnxruntime on its declared inputs; no trainable imported."""
+    """Run a bundle's model.onnx with onnxruntime on its declared inputs; no trainable imported.
+
+    A ``models:/name@alias`` (or ``models:/name/N``) is loaded from the ``--mlflow`` registry
+    with ``mlflow.pyfunc.load_model`` and scored on its bundle's validation data."""
     from search.handover.check import BundleCheckFailed, check_bundle
 
     try:
-        lines = check_bundle(bundle)
+        if bundle.startswith("models:/"):
+            from search.handover.registry import Target
+            from search.handover.registry_check import check_registered
+
+            if mlflow is None:
+                raise SearchError(f"{bundle}: give the registry with --mlflow URI")
+            lines = check_registered(bundle, Target(uri=mlflow, model_name="-"))
+        else:
+            lines = check_bundle(Path(bundle))
     except BundleCheckFailed as exc:
         for line in exc.lines:
             console.print(line, markup=False)

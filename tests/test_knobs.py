@@ -136,7 +136,7 @@ def test_run_refuses_a_builtins_misspelled_knob_before_importing_ray_tune(
 import sys
 from search.cli import app
 status = app(["run", {str(spec_path)!r}], standalone_mode=False)
-print(status, sorted(m for m in ("ray.tune", "torch") if m in sys.modules))
+print(status, sorted(m for m in ("ray.tune", "torch", "mlflow") if m in sys.modules))
 """
     # exit status 2, and neither Ray Tune (over a second to import) nor torch imported
     assert _python(code) == "2 []"

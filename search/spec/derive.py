@@ -35,6 +35,7 @@ def one_trial_spec(
     data["storage"] = storage
     data.pop("profile", None)
     data.pop("profile_trial", None)
+    data.pop("export", None)  # a retrain registers nothing, and a URI may hold a password
     return data
 
 

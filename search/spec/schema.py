@@ -227,6 +227,25 @@ class FaultsSpec(_Strict):
     checkpoint_every_s: float = Field(30.0, ge=0)
 
 
+class MlflowExportSpec(_Strict):
+    """Where ``export`` registers the winner (:mod:`search.handover.registry`).
+
+    ``tracking_uri``: an MLflow server (``http://host:5000``), ``sqlite:///mlflow.db`` or a
+    local folder; ``${VAR}`` reads the environment. ``model_name``: the registered model
+    (default: the study's name). ``alias``: set on each new version.
+    """
+
+    tracking_uri: str = Field(min_length=1)
+    model_name: str | None = Field(None, min_length=1)
+    alias: str = Field("challenger", min_length=1)
+
+
+class ExportSpec(_Strict):
+    """What ``export`` does beyond the bundle folder."""
+
+    mlflow: MlflowExportSpec | None = None
+
+
 class StudySpec(_Strict):
     """A whole study: what to train, on what, how to search and where to record it."""
 
@@ -243,6 +262,7 @@ class StudySpec(_Strict):
     profile: bool = False
     profile_trial: int = Field(0, ge=0)
     storage: str = DEFAULT_STORAGE
+    export: ExportSpec | None = None
     fixed: dict[str, Any] = {}
     space: dict[str, Param] = {}
 

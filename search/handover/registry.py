@@ -1,0 +1,266 @@
+"""``export --mlflow URI``: the bundle logged as an MLflow 3 model, registered and promoted.
+
+After ``export`` writes a bundle (:mod:`search.handover.bundle`), :func:`register_bundle`
+reads only that folder and, in the MLflow experiment named after the study:
+
+1. logs a run: params (every knob of ``config.yaml``), metrics (the confirmation's mean, std,
+   min and max per objective, the final model's metrics, its learning curve as steps), tags
+   (lineage: study, redacted storage, source trial, seeds, git commit, package versions, the
+   data declaration and its fingerprint), and the whole bundle under ``bundle/``
+   (``MODEL_CARD.md``, ``metrics.json``, ``learning_curves.png``, ``config.yaml``, the
+   framework's native weights);
+2. logs the model, pickle-free: ``mlflow.onnx`` when the bundle has ``model.onnx``, else
+   TensorFlow's flavor from ``model.keras``; with a signature and an input example from
+   ``inputs.json``;
+3. registers a new version of the model (default: the study's name), sets ``challenger`` on
+   it, tags it with the study, the trial and the confirmed numbers, and with ``--promote``
+   moves ``champion`` (:func:`search.handover.promote.promote`);
+4. writes ``models:/name/N`` into the bundle's ``metrics.json`` and ``MODEL_CARD.md``.
+
+:func:`preflight` checks the URI, the name and the alias before any confirmation run starts.
+MLflow is imported inside the functions: ``--help`` and ``run`` never load it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from search.contract.inputs import read_inputs
+from search.errors import SearchError, one_line
+from search.handover.candidates import stored_spec
+from search.handover.mlflow_model import log_model
+from search.handover.promote import promote, version_tags
+from search.record.storage import expand, redact
+from search.record.study import load_study
+
+CHALLENGER = "challenger"
+CHAMPION = "champion"
+BUNDLE_ARTIFACTS = "bundle"
+"""The run's artifact folder that holds the bundle's files."""
+TAG = "search."
+"""The prefix of every tag this module writes."""
+
+
+class RegistryError(SearchError):
+    """The registry cannot be reached, or refuses a name or an alias."""
+
+
+@dataclass(frozen=True)
+class Target:
+    """Where and under which name a bundle is registered."""
+
+    uri: str  # as given (may hold ${VAR}); :attr:`real` expands it
+    model_name: str
+    alias: str = CHALLENGER
+    promote: bool = False
+
+    @property
+    def real(self) -> str:
+        """The URI with ``${VAR}`` read from the environment."""
+        try:
+            return expand(self.uri)
+        except KeyError as exc:
+            raise RegistryError(f"--mlflow: environment variable {exc} is not set") from None
+
+    @property
+    def shown(self) -> str:
+        """The URI safe to print: any password replaced by ``***``."""
+        return redact(self.uri)
+
+
+def scrub(text: str, uri: str) -> str:
+    """``text`` (an MLflow error) with ``uri``'s password masked, in one line."""
+    for raw in {uri, expand_quiet(uri)}:
+        text = text.replace(raw, redact(raw))
+    return redact(one_line(text))
+
+
+def expand_quiet(uri: str) -> str:
+    try:
+        return expand(uri)
+    except KeyError:
+        return uri
+
+
+def quiet_client(uri: str) -> Any:
+    """An ``MlflowClient`` on ``uri`` that gives up on an unreachable server in seconds."""
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "1")
+    os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
+    from mlflow import MlflowClient
+
+    return MlflowClient(tracking_uri=uri, registry_uri=uri)
+
+
+def preflight(target: Target) -> None:
+    """Refuses, in one line, a name or alias MLflow would refuse and a registry it cannot
+    reach; called before any confirmation run.
+
+    Raises:
+        RegistryError: One line, the URI redacted.
+    """
+    from mlflow.exceptions import MlflowException
+    from mlflow.utils import validation
+
+    checks = [
+        ("model name", target.model_name, validation._validate_model_name),
+        ("alias", target.alias, validation._validate_model_alias_name),
+        ("alias", target.alias, validation._validate_model_alias_name_reserved),
+    ]
+    for what, value, check in checks:
+        try:
+            check(value)
+        except MlflowException as exc:
+            raise RegistryError(f"--mlflow: {what} {value!r}: {one_line(exc.message)}") from None
+    try:
+        quiet_client(target.real).search_registered_models(max_results=1)
+    except Exception as exc:  # any failure to reach or read it
+        why = scrub(str(getattr(exc, "message", exc)), target.uri)[:300]
+        raise RegistryError(
+            f"--mlflow {target.shown}: cannot use the MLflow registry ({why})"
+        ) from None
+
+
+def data_fingerprint(folder: Path, config: dict[str, Any]) -> str:
+    """A hash of the data declaration (and of ``validation.npz`` when shipped): two versions
+    were scored on the same validation data when their fingerprints agree."""
+    digest = hashlib.sha256(json.dumps(config.get("data") or {}, sort_keys=True).encode())
+    npz = folder / "validation.npz"
+    if npz.is_file():
+        digest.update(npz.read_bytes())
+    return digest.hexdigest()[:16]
+
+
+def confirmed(metrics: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Per objective, the chosen config's confirmed mean, std, min, max and runs."""
+    pareto = metrics.get("pareto", {}).get("confirmed")
+    if pareto:
+        return {k: dict(v) for k, v in pareto.items()}
+    trial = metrics["chosen"]["source_trial"]
+    row = next(r for r in metrics["confirmation"] if r["source_trial"] == trial)
+    ok = row["runs"] - row["failed"]
+    return {metrics["objective"]["metric"]: {**row, "ok": ok}}
+
+
+def _numbers(metrics: dict[str, Any]) -> dict[str, float]:
+    found: dict[str, float] = {}
+    for metric, stats in confirmed(metrics).items():
+        for stat in ("mean", "std", "min", "max"):
+            if isinstance(stats.get(stat), int | float):
+                found[f"confirmed.{metric}.{stat}"] = float(stats[stat])
+    for key, value in metrics.get("final", {}).items():
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            found[f"final.{key}"] = float(value)
+    return found
+
+
+def _lineage(folder: Path, metrics: dict[str, Any], config: dict[str, Any]) -> dict[str, str]:
+    env = (folder / "environment.txt").read_text() if (folder / "environment.txt").exists() else ""
+    tags = {
+        "study": metrics["study"],
+        "source_trial": str(metrics["chosen"]["source_trial"]),
+        "final_seed": str(metrics["chosen"]["seed"]),
+        "seeds": ",".join(map(str, metrics.get("seeds", []))),
+        "storage": redact(str(config.get("storage", ""))),
+        "trainable": metrics.get("trainable", ""),
+        "data": json.dumps(config.get("data") or {}, sort_keys=True),
+        "data_fingerprint": data_fingerprint(folder, config),
+        "confirm_study": metrics.get("confirm_study", ""),
+        "environment": env[:5000],
+    }
+    for line in env.splitlines():
+        if line.startswith("git "):
+            tags["git_commit"] = line.removeprefix("git ").strip()
+    tags["packages"] = " ".join(line for line in env.splitlines() if "==" in line)
+    return {TAG + k: v for k, v in tags.items() if v}
+
+
+def _read(folder: Path) -> tuple[dict[str, Any], dict[str, Any]]:
+    try:
+        metrics = json.loads((folder / "metrics.json").read_text())
+        config = yaml.safe_load((folder / "config.yaml").read_text())
+    except (OSError, ValueError, yaml.YAMLError) as exc:
+        raise RegistryError(f"{folder}: not an export bundle ({one_line(str(exc))})") from None
+    return metrics, config
+
+
+def register_bundle(folder: Path, target: Target, log: Any = print) -> str:
+    """Logs, registers and (with ``target.promote``) promotes the bundle in ``folder``
+    (module docstring); returns ``models:/name/N``."""
+    import mlflow
+
+    metrics, config = _read(folder)
+    real = target.real
+    quiet_client(real)
+    mlflow.set_tracking_uri(real)
+    mlflow.set_registry_uri(real)
+    mlflow.set_experiment(metrics["study"])
+    trial = metrics["chosen"]["source_trial"]
+    with mlflow.start_run(run_name=f"{metrics['study']}-trial-{trial}") as run:
+        mlflow.log_params({k: str(v)[:6000] for k, v in (config.get("fixed") or {}).items()})
+        mlflow.log_metrics(_numbers(metrics))
+        for step, epoch in enumerate(metrics.get("final_history", []), start=1):
+            mlflow.log_metrics({f"curve.{k}": float(v) for k, v in epoch.items()}, step=step)
+        tags = _lineage(folder, metrics, config)
+        mlflow.set_tags({**tags, TAG + "search_run_id": run.info.run_id})
+        info = log_model(folder, read_inputs(folder))
+        mlflow.log_artifacts(str(folder), BUNDLE_ARTIFACTS)
+    client = quiet_client(real)
+    version = mlflow.register_model(
+        info.model_uri, target.model_name, tags=version_tags(metrics, tags, confirmed(metrics))
+    )
+    client.set_registered_model_alias(target.model_name, target.alias, version.version)
+    uri = f"models:/{target.model_name}/{version.version}"
+    log(f"registered {uri} ({target.alias}) in {target.shown}, run {run.info.run_id}")
+    if target.promote:
+        promote(client, target.model_name, version.version, log)
+    _note_in_bundle(folder, metrics, uri, target, run.info.run_id)
+    for name in ("metrics.json", "MODEL_CARD.md"):  # the run's copies say it too
+        client.log_artifact(run.info.run_id, str(folder / name), BUNDLE_ARTIFACTS)
+    return uri
+
+
+def _note_in_bundle(
+    folder: Path, metrics: dict[str, Any], uri: str, target: Target, run_id: str
+) -> None:
+    """``registered_model`` in ``metrics.json`` and a Registry section in the card."""
+    metrics["registered_model"] = {
+        "uri": uri,
+        "alias": target.alias,
+        "tracking_uri": target.shown,
+        "run_id": run_id,
+    }
+    (folder / "metrics.json").write_text(json.dumps(metrics, indent=2, default=str) + "\n")
+    card = folder / "MODEL_CARD.md"
+    text = card.read_text() if card.exists() else ""
+    card.write_text(
+        text.rstrip("\n")
+        + f"\n\n## Registry\n\nRegistered in MLflow ({target.shown}) as `{uri}`, alias "
+        f"`{target.alias}`, run `{run_id}`. Serve it with "
+        f"`mlflow models serve -m {uri} --env-manager local -p 5001`.\n"
+    )
+
+
+def target_for(
+    study_name: str, storage: str, uri: str | None, model_name: str | None, promote: bool
+) -> Target | None:
+    """The registry ``export`` writes to: ``--mlflow`` or the spec's ``export.mlflow``; None
+    when neither names one."""
+    spec = stored_spec(load_study(study_name, storage), storage)
+    declared = spec.export.mlflow if spec.export is not None else None
+    if uri is None and declared is None:
+        if promote:
+            raise RegistryError("--promote: needs --mlflow URI (or export.mlflow in the spec)")
+        return None
+    return Target(
+        uri=uri or declared.tracking_uri,  # type: ignore[union-attr]
+        model_name=model_name or (declared.model_name if declared else None) or study_name,
+        alias=declared.alias if declared else CHALLENGER,
+        promote=promote,
+    )

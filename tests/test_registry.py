@@ -1,0 +1,38 @@
+"""``export --mlflow``: the promotion rule and the refusals before any confirmation run."""
+
+from __future__ import annotations
+
+import pytest
+
+from search.handover.promote import verdict
+from search.handover.registry import RegistryError, Target, preflight, scrub
+
+
+def tags(mean: float, std: float = 0.01, runs: int = 3, data: str = "d1") -> dict[str, str]:
+    return {
+        "search.metric": "val_accuracy",
+        "search.mode": "max",
+        "search.confirmed_mean": repr(mean),
+        "search.confirmed_std": repr(std),
+        "search.confirmed_runs": str(runs),
+        "search.data_fingerprint": data,
+    }
+
+
+def test_champion_moves_only_past_one_standard_error_on_the_same_data() -> None:
+    assert verdict(tags(0.95), tags(0.90)) == ""  # 0.05 > sqrt(2 * 0.01**2 / 3)
+    assert "does not beat" in verdict(tags(0.905), tags(0.90))
+    assert "other validation data" in verdict(tags(0.99), tags(0.90, data="d2"))
+
+
+def test_a_bad_alias_is_refused_in_one_line() -> None:
+    with pytest.raises(RegistryError, match=r"--mlflow: alias 'v1'"):
+        preflight(Target(uri="sqlite:///unused.db", model_name="m", alias="v1"))
+
+
+def test_an_unreachable_registry_is_refused_with_its_password_masked() -> None:
+    target = Target(uri="http://bob:s3cret@127.0.0.1:9", model_name="m")
+    with pytest.raises(RegistryError) as err:
+        preflight(target)
+    assert "s3cret" not in str(err.value) and "cannot use the MLflow registry" in str(err.value)
+    assert "s3cret" not in scrub("failed http://bob:s3cret@127.0.0.1:9/api", target.uri)
