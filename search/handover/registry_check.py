@@ -73,7 +73,7 @@ def _score(model_uri: str, version: Any, model: Any, folder: Path) -> list[str]:
     if declared is None:
         raise RegistryError(f"{model_uri}: its bundle has no inputs.json to score it on")
     got = check._validation(folder, declared, declared.inputs, builtin=True)
-    target = check._target(folder)
+    target = check._target(folder, declared)
     if isinstance(got, str) or isinstance(target, str):
         why = got if isinstance(got, str) else target
         raise RegistryError(f"{model_uri}: cannot score it: {why}")
@@ -83,11 +83,11 @@ def _score(model_uri: str, version: Any, model: Any, folder: Path) -> list[str]:
         for (k, v), t in zip(arrays.items(), declared.inputs, strict=False)
     }
     accuracy = float(np.mean(predict_classes(model, arrays) == labels))
-    key, expected = target
+    key, expected, _ = target
     tolerance = float(check._read_json(folder / "metrics.json").get("tolerance", TOLERANCE))
     diff = abs(accuracy - expected)
     line = (
-        f"mlflow.pyfunc scores {accuracy:.4f} on {what}, metrics.json's {key} says "
+        f"mlflow.pyfunc scores {accuracy:.4f} on {what}, {key} says "
         f"{expected:.4f} (difference {diff:.4f}, tolerance {tolerance})"
     )
     lines.append(line)
