@@ -1,6 +1,6 @@
 """The layers of ``search/`` import one way, without cycles and without hidden imports.
 
-    cli -> handover -> report -> run -> record -> spec -> search -> contract -> errors
+    cli -> handover -> report -> run -> compute -> record -> spec -> search -> contract -> errors
 
 A module may import from its own layer and the layers below it, never above. The check reads
 every ``import`` statement (module level, function level and under ``TYPE_CHECKING``) with
@@ -21,6 +21,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("handover",),
     ("report",),
     ("run",),
+    ("compute",),
     ("record",),
     ("spec",),
     ("testing", "keras"),

@@ -16,9 +16,9 @@ from typing import Any
 import optuna
 import pytest
 
+from search.compute.distributed import data_parallel
 from search.contract import TrialContext, trainable
 from search.contract.dataset import Dataset, load_digits
-from search.run.distributed import data_parallel
 from search.run.runner import RunOptions, run_study
 from search.spec.schema import parse_spec
 from tests.conftest import base_spec

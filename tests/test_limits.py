@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
+from search.compute.limits import ALLOC_CONF, apply_limits
 from search.contract import TrialContext
-from search.run.limits import ALLOC_CONF, apply_limits
 
 GIB = 2**30
 

@@ -21,9 +21,8 @@ from pathlib import Path
 import optuna
 import pytest
 
-from search.errors import SearchError
-from search.run.gpu_memory import Measurement, largest_config, out_of_memory
-from search.run.placement import (
+from search.compute.gpu_memory import Measurement, largest_config, out_of_memory
+from search.compute.placement import (
     CUDA_CONTEXT_BYTES,
     IN_PROCESS,
     Packing,
@@ -34,6 +33,7 @@ from search.run.placement import (
     resolve,
     share_extras,
 )
+from search.errors import SearchError
 from search.run.runner import RunOptions, run_study
 from search.spec.schema import ResourcesSpec, parse_spec
 from search.spec.space import Param
@@ -352,8 +352,8 @@ def test_half_gpus_on_four_logical_gpus_run_eight_trials_at_once(tmp_path: Path)
 
 @pytest.mark.torch
 def test_the_memory_measurement_is_skipped_without_cuda() -> None:
+    from search.compute.gpu_memory import measure_peak
     from search.contract.dataset import load_digits
-    from search.run.gpu_memory import measure_peak
 
     config = largest_config(
         parse_spec(

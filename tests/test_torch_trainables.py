@@ -12,9 +12,9 @@ import pytest
 torch = pytest.importorskip("torch")
 torchvision = pytest.importorskip("torchvision")
 
+from search.compute.job import TrialJob, trial_context  # noqa: E402
 from search.contract import TrialContext  # noqa: E402
 from search.contract.dataset import Dataset, load_digits  # noqa: E402
-from search.run.job import TrialJob, trial_context  # noqa: E402
 from trainables.torch import cnn as torch_cnn  # noqa: E402
 from trainables.torch import common as torch_common  # noqa: E402
 from trainables.torch import rnn as torch_rnn  # noqa: E402

@@ -30,6 +30,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from search.compute.placement import resolve
 from search.contract import declarations
 from search.handover.bundle import (
     FINAL_SUFFIX,
@@ -59,7 +60,6 @@ from search.record.study import load_study
 from search.report.artifacts import attach_file
 from search.run.cluster import init_ray
 from search.run.data import load_data
-from search.run.placement import resolve
 from search.spec.schema import parse_spec
 
 if TYPE_CHECKING:

@@ -12,10 +12,10 @@ from contextlib import closing
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from search.compute.job import PROFILE, trial_context, trial_job
 from search.contract import Epoch, declarations, drive, nonfinite_reason
 from search.errors import SearchError
 from search.run.data import load_data
-from search.run.job import PROFILE, trial_context, trial_job
 
 if TYPE_CHECKING:
     from search.contract import Dataset

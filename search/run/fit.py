@@ -20,6 +20,9 @@ from typing import TYPE_CHECKING, Any
 
 from ray.tune.stopper import CombinedStopper
 
+from search.compute.gpu_memory import OOM_RETRIES, OomRetry, measure
+from search.compute.job import trial_extras, trial_job
+from search.compute.placement import Placement, resolve
 from search.contract import declarations
 from search.record.queries import EPOCHS_FILE, append_epochs, objective_curves, read_epochs
 from search.record.resume import earlier_curves
@@ -28,10 +31,7 @@ from search.record.writeback import WriteBehindStorage
 from search.run.bridge import ErrorCallback, OptunaBridge
 from search.run.budget import BUDGET_CAUSE, DeviceBudget, budget_for, spent_before
 from search.run.cluster import init_ray
-from search.run.gpu_memory import OOM_RETRIES, OomRetry, measure
-from search.run.job import trial_extras, trial_job
 from search.run.moasha import MultiObjectiveASHA
-from search.run.placement import Placement, resolve
 from search.run.progress import ProgressCallback
 from search.run.scheduler import PruneReportingASHA, build_scheduler
 from search.run.stopping import FIRST, FailFast, RunStopper

@@ -22,6 +22,10 @@ from contextlib import closing
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from search.compute.distributed import data_parallel
+from search.compute.job import TrialJob, trial_context
+from search.compute.limits import apply_limits
+from search.compute.placement import share_extras
 from search.contract import RESERVED_PREFIX, ConfigError, TrialContext, declarations, drive
 from search.record.fate import (
     CODE_ERROR,
@@ -39,10 +43,6 @@ from search.record.fate import (
     TRACEBACK,
     error_summary,
 )
-from search.run.distributed import data_parallel
-from search.run.job import TrialJob, trial_context
-from search.run.limits import apply_limits
-from search.run.placement import share_extras
 
 if TYPE_CHECKING:
     from search.contract import Dataset

@@ -7,12 +7,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from search.compute.placement import GPU_MEMORY_FRACTION, GPU_SHARE, GPU_TOTAL_BYTES, REPLICAS
 from search.contract import TrialContext
-from search.run.placement import GPU_MEMORY_FRACTION, GPU_SHARE, GPU_TOTAL_BYTES, REPLICAS
 
 if TYPE_CHECKING:
+    from search.compute.placement import Placement
     from search.contract import Dataset
-    from search.run.placement import Placement
     from search.spec.schema import StudySpec
 
 

@@ -76,7 +76,7 @@ def data_parallel(
             child_env = {**env, FD_ENV: str(theirs.fileno())}
             procs.append(
                 subprocess.Popen(
-                    [sys.executable, "-m", "search.run.distributed"],
+                    [sys.executable, "-m", "search.compute.distributed"],
                     env=child_env,
                     pass_fds=(theirs.fileno(),),
                     stdin=subprocess.DEVNULL,

@@ -19,9 +19,9 @@ from typing import TYPE_CHECKING, Any
 
 from ray.tune import Callback
 
+from search.compute.job import TrialJob, trial_context
+from search.compute.placement import GPU_MEMORY_FRACTION, Measurement, grow_share
 from search.contract import declarations, drive
-from search.run.job import TrialJob, trial_context
-from search.run.placement import GPU_MEMORY_FRACTION, Measurement, grow_share
 from search.spec.space import is_active, order
 
 if TYPE_CHECKING:
