@@ -1,4 +1,4 @@
-"""What a trial's process gets before the trainable runs (:mod:`search.run.limits`).
+"""What a trial's process gets before the trainable runs (:mod:`search.compute.limits`).
 
 No GPU is needed: TensorFlow's device calls are replaced by recorders, so the test sees the
 memory limit the framework asked TensorFlow for.

@@ -1,6 +1,6 @@
 """Placement: the packing arithmetic, ``auto`` on CPUs, and trials on logical GPUs.
 
-The arithmetic is pure (``search.run.placement``). The Ray tests run the synthetic
+The arithmetic is pure (``search.compute.placement``). The Ray tests run the synthetic
 ``search.testing:curve`` trainable with its tracing knobs (``trace_dir``, ``wait_for``,
 ``oom_below_share``): every trial writes where and when it ran. The logical-GPU test starts
 its own Ray with 4 GPUs the machine does not have, in a subprocess (the session's shared Ray

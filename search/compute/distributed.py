@@ -2,7 +2,7 @@
 
 When a trial has several workers (``gpus_per_trial: 2`` or more, or ``workers_per_trial: 2`` on
 CPU), the trial's Ray actor starts that many worker processes (``python -m
-search.run.distributed``), each with its own end of a socket pair. Every worker runs the same
+search.compute.distributed``), each with its own end of a socket pair. Every worker runs the same
 trainable generator with ``ctx.rank`` and ``ctx.world_size`` set; the trainable (the
 PyTorch built-ins' loop, ``trainables/torch/loop.py``) wraps its model in
 ``DistributedDataParallel``, gives each rank its shard of every global batch and all-reduces
@@ -157,7 +157,7 @@ def _worker(conn: Connection) -> None:
 
 
 def main() -> None:
-    """Entry point of ``python -m search.run.distributed`` (started by :func:`data_parallel`)."""
+    """Entry point of ``python -m search.compute.distributed`` (started by :func:`data_parallel`)."""
     conn = Connection(int(os.environ[FD_ENV]))
     try:
         _worker(conn)

@@ -3,10 +3,10 @@
 For ``gpus_per_trial: auto`` on GPUs, :func:`measure` runs a few training steps of the
 space's largest config (:func:`largest_config`: every number at its upper bound, so the
 largest batch; fp32; the optimizer with most state) as a Ray task on one GPU and reads the
-peak memory PyTorch's caching allocator reserved; :func:`search.run.placement.pack` turns that
+peak memory PyTorch's caching allocator reserved; :func:`search.compute.placement.pack` turns that
 into trials per GPU. A packed trial that still runs out of memory is retried by Tune with
 twice its GPU share (:class:`OomRetry`), which the worker turns into a larger memory cap
-(:func:`search.run.placement.share_extras`).
+(:func:`search.compute.placement.share_extras`).
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ if TYPE_CHECKING:
 
 
 PROFILE, PROFILE_TRIAL, DATA_PATH = "profile", "profile_trial", "data_path"
-"""Keys of :func:`trial_extras` besides :meth:`search.run.placement.Placement.extras`."""
+"""Keys of :func:`trial_extras` besides :meth:`search.compute.placement.Placement.extras`."""
 
 
 @dataclass(frozen=True)
@@ -33,7 +33,7 @@ class TrialJob:
         checkpoints: Whether trials checkpoint each epoch (``faults.checkpoints``).
         checkpoint_every_s: Least seconds of an attempt before its state becomes a Tune
             checkpoint, and between two (``faults.checkpoint_every_s``).
-        workers: Processes that train each trial data-parallel (:mod:`search.run.distributed`).
+        workers: Processes that train each trial data-parallel (:mod:`search.compute.distributed`).
         extras: What every trial is told (:func:`trial_extras`).
     """
 
@@ -60,7 +60,7 @@ def trial_extras(
     it into :class:`TrialContext` fields.
 
     With ``placement``: ``gpu_memory_fraction`` (the cap on the trial's GPU allocator, or
-    None), ``gpu_share``, ``gpu_total_bytes`` and ``replicas`` (see :mod:`search.run.placement`).
+    None), ``gpu_share``, ``gpu_total_bytes`` and ``replicas`` (see :mod:`search.compute.placement`).
     """
     return {
         **(placement.extras() if placement else {}),

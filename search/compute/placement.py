@@ -9,7 +9,7 @@ each process uses, and the memory cap of each trial's process.
 
 * without GPUs in the cluster, trials run on CPUs, as many at once as the cores allow (or
   ``max_concurrent``), each with a thread count equal to its CPU share;
-* with GPUs, :func:`search.run.gpu_memory.measure` runs a few training steps of the largest
+* with GPUs, :func:`search.compute.gpu_memory.measure` runs a few training steps of the largest
   config of the space (largest batch, fp32) on one GPU and reads the peak memory the caching
   allocator reserved;
   :func:`pack` then decides how many trials fit on one GPU with headroom, and each trial's
@@ -20,12 +20,12 @@ each process uses, and the memory cap of each trial's process.
 Several devices per trial (``gpus_per_trial: 2``, or ``workers_per_trial: 2`` on CPUs) train
 one trial data-parallel, the way its trainable declares (``@trainable(data_parallel=...)``, read by
 :func:`search.contract.declarations` and passed in): ``True`` (:data:`PROCESSES`) starts one
-process per device that join a ``torch.distributed`` group (:mod:`search.run.distributed`);
+process per device that join a ``torch.distributed`` group (:mod:`search.compute.distributed`);
 ``"in_process"`` (:data:`IN_PROCESS`) keeps one process that mirrors the model over the devices
 itself (TensorFlow's ``MirroredStrategy``), told how many through ``ctx.replicas``.
 
 The arithmetic (:func:`pack`, :func:`grow_share`, :func:`memory_fraction`, :func:`resolve`) is
-pure; the measurement and the out-of-memory retry live in :mod:`search.run.gpu_memory`.
+pure; the measurement and the out-of-memory retry live in :mod:`search.compute.gpu_memory`.
 """
 
 from __future__ import annotations
@@ -224,7 +224,7 @@ def resolve(
         resources: The spec's ``resources`` block.
         cluster: ``ray.cluster_resources()`` (``CPU`` and ``GPU`` are read).
         measured: For ``gpus_per_trial: auto`` on GPUs, what
-            :func:`search.run.gpu_memory.measure` found (None: one trial per GPU).
+            :func:`search.compute.gpu_memory.measure` found (None: one trial per GPU).
         data_parallel: How the trainable trains on several devices (:func:`data_parallel_mode`;
             True means :data:`PROCESSES`, False or None that it cannot).
 

@@ -84,7 +84,7 @@ def with_placement(spec: StudySpec) -> StudySpec:
     """``spec`` with its ``resources`` resolved on this Ray cluster into plain numbers.
 
     ``cpus_per_trial`` unset or ``gpus_per_trial: auto`` become what a trial got (see
-    :mod:`search.run.placement`), so the confirmation runs, the final run and ``config.yaml``
+    :mod:`search.compute.placement`), so the confirmation runs, the final run and ``config.yaml``
     (which ``train`` reads without Ray) use the same threads. Every run here is one process:
     a data-parallel spec (``workers_per_trial``) is confirmed on one worker.
     """

@@ -1,7 +1,7 @@
 """Training one config outside Ray Tune: confirmation runs, the final model, ``train``.
 
 Each run drives the trainable with :func:`search.contract.drive`, the loop Ray trials use,
-with the context :func:`search.run.job.trial_context` builds for a trial of the spec.
+with the context :func:`search.compute.job.trial_context` builds for a trial of the spec.
 """
 
 from __future__ import annotations

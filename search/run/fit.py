@@ -179,7 +179,7 @@ def _tuner(
 
 
 def place(spec: StudySpec, data: Dataset) -> Placement:
-    """Resolves the spec's ``resources`` on the cluster Ray runs (:mod:`search.run.placement`);
+    """Resolves the spec's ``resources`` on the cluster Ray runs (:mod:`search.compute.placement`);
     ``gpus_per_trial: auto`` on GPUs first measures the largest config on one GPU."""
     import ray
 

@@ -170,7 +170,7 @@ class WarmStartSpec(_Strict):
 
 
 class ResourcesSpec(_Strict):
-    """What each trial gets, and how many run at once (see :mod:`search.run.placement`).
+    """What each trial gets, and how many run at once (see :mod:`search.compute.placement`).
 
     ``cpus_per_trial``: unset means 1, or under ``gpus_per_trial: auto`` the machine's cores
     shared among the trials that run at once. ``gpus_per_trial``: a fraction packs trials onto

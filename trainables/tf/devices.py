@@ -8,7 +8,7 @@ right because every trial of a study gets the same placement.
 * **CPU threads.** The intra- and inter-op pools get the trial's CPU share
   (``ctx.num_threads``). A ``cpu`` trial hides the GPUs.
 * **GPU memory.** A trial packed onto a shared GPU (``ctx.gpu_memory_fraction`` of
-  ``ctx.gpu_total_bytes``, set by :mod:`search.run.placement`) gets a logical GPU with
+  ``ctx.gpu_total_bytes``, set by :mod:`search.compute.placement`) gets a logical GPU with
   that memory limit, so it cannot starve its neighbours; otherwise memory growth, so TF does
   not grab the whole card.
 * **Replicas.** A trial placed on several devices (``ctx.replicas``: the runner's

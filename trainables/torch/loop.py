@@ -55,7 +55,7 @@ class Fitting:
 
 
 def _distributed() -> bool:
-    """Whether this process is one of several training one trial (see search.run.distributed)."""
+    """Whether this process is one of several training one trial (see search.compute.distributed)."""
     dist = torch.distributed
     return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
 
@@ -285,10 +285,10 @@ def fit_epochs(
     saved epoch, so a retried trial stops at the epoch the first run would have.
 
     In a data-parallel trial (``ctx.world_size`` > 1, started by
-    :mod:`search.run.distributed`) the model trains under ``DistributedDataParallel``, each
+    :mod:`search.compute.distributed`) the model trains under ``DistributedDataParallel``, each
     rank on its share of every global batch of ``batch_size``, and the metrics are the whole
     trial's. ``ctx.max_steps`` caps the batches per epoch (the memory measurement of
-    :mod:`search.run.placement`).
+    :mod:`search.compute.placement`).
 
     Returns:
         ``(model, tensors)`` after the last epoch (:data:`Fitted`), for an export hook.

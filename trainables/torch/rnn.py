@@ -74,7 +74,7 @@ class RowReader(nn.Module):
         return self.head(out[:, -1])
 
 
-# data_parallel: DDP when a trial has several workers (search.run.distributed).
+# data_parallel: DDP when a trial has several workers (search.compute.distributed).
 @trainable(defaults=DEFAULTS, data_parallel=True)
 def train(
     config: Mapping[str, Any], data: Dataset, ctx: TrialContext

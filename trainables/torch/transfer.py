@@ -140,7 +140,7 @@ def build_model(cfg: Mapping[str, Any], tensors: Tensors) -> TransferNet:
     return TransferNet(backbone, Standardize(tensors.mean, tensors.std), cfg["image_size"])
 
 
-# data_parallel: DDP when a trial has several workers (search.run.distributed).
+# data_parallel: DDP when a trial has several workers (search.compute.distributed).
 @trainable(defaults=DEFAULTS, data_parallel=True)
 def train(
     config: Mapping[str, Any], data: Dataset, ctx: TrialContext
