@@ -23,9 +23,11 @@ torch = pytest.importorskip("torch")
 
 from search.handover.registry import Target, register_bundle  # noqa: E402
 from search.handover.registry_check import check_registered  # noqa: E402
-from tests.test_check import _bundle, _export, _mlp, _val  # noqa: E402
+from tests import test_check  # noqa: E402
+from tests.test_check import _bundle, _val  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.torch]
+onnx_file = test_check.onnx_file  # the tabular MLP in ONNX, and its PyTorch accuracy
 
 
 def _free_port() -> int:
@@ -99,17 +101,6 @@ def _exported(tmp_path: Path, onnx_file: tuple[Path, float], mean: float) -> Pat
     )
     (bundle / "metrics.json").write_text(json.dumps(metrics))
     return bundle
-
-
-@pytest.fixture(scope="module")
-def onnx_file(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, float]:
-    model = _mlp()
-    path = tmp_path_factory.mktemp("onnx") / "model.onnx"
-    _export(model, path)
-    x, y = _val()
-    with torch.no_grad():
-        accuracy = float((model(torch.from_numpy(x)).argmax(1).numpy() == y).mean())
-    return path, accuracy
 
 
 def test_a_torch_winner_is_registered_promoted_checked_and_served(
