@@ -35,3 +35,30 @@ class SpecError(SearchError):
         # A file name or a key may hold a line break; the message is one line all the same.
         parts = [one_line(source), one_line(field), " ".join(message.split())]
         super().__init__(": ".join(p for p in parts if p))
+
+
+def causes(exc: BaseException) -> list[BaseException]:
+    """``exc`` and the errors behind it (``__cause__``, else ``__context__``), outermost first.
+
+    Example:
+        >>> try:
+        ...     try:
+        ...         raise KeyError("inner")
+        ...     except KeyError as e:
+        ...         raise RuntimeError("outer") from e
+        ... except RuntimeError as e:
+        ...     [type(x).__name__ for x in causes(e)]
+        ['RuntimeError', 'KeyError']
+    """
+    chain: list[BaseException] = []
+    current: BaseException | None = exc
+    while current is not None and current not in chain:
+        chain.append(current)
+        current = current.__cause__ or current.__context__
+    return chain
+
+
+def database_locked(exc: BaseException) -> bool:
+    """Whether ``exc`` (or an error behind it) is SQLite's ``database is locked``: another
+    process holds a write transaction on the file for longer than the busy timeout."""
+    return any("database is locked" in str(e) for e in causes(exc))
