@@ -18,6 +18,7 @@ from typing import Any
 
 from optuna.storages import BaseStorage
 
+from search.errors import causes
 from search.record.batch import Known, write_together
 
 _log = logging.getLogger(__name__)
@@ -128,7 +129,9 @@ class OrderedWriter:
                 try:
                     getattr(self._storage, method)(trial_id, *args)
                 except BaseException as exc:  # kept, raised by close(); the loop goes on
-                    _log.warning("storage write %s(trial %s) failed: %s", method, trial_id, exc)
+                    _log.warning(  # the cause: Optuna's own says "invalid data in the commit"
+                        "storage write %s(trial %s) failed: %s", method, trial_id, causes(exc)[-1]
+                    )
                     with self._lock:
                         self._errors.append(exc)
                         self._failed[trial_id] = self._failed.get(trial_id, 0) + 1
