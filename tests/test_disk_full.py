@@ -91,3 +91,22 @@ def test_a_command_whose_results_folder_is_full_ends_in_one_line(
     result = CliRunner().invoke(app, ["report", "s", "--storage", url, "--results", str(disk)])
     assert result.exit_code == 2, result.output
     assert result.output.strip() == f"error: no space left on device for {disk}: {FULL}"
+
+
+def test_the_study_writer_says_a_full_disk_once_with_its_cause(
+    disk: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from search.record.writer import OrderedWriter
+
+    storage = open_storage(f"sqlite:///{disk}/s.db")
+    study = optuna.create_study(study_name="s", storage=storage)
+    trial_id = study.ask()._trial_id
+    _fill(disk)
+    writer = OrderedWriter(storage)
+    with caplog.at_level("WARNING", logger="search.record.writer"):
+        for step in range(5):
+            writer.put(trial_id, "set_trial_user_attr", (f"k{step}", "x" * 300_000))
+        with pytest.raises(RuntimeError, match="5 study write"):
+            writer.close()
+    lines = [r.getMessage() for r in caplog.records if r.name == "search.record.writer"]
+    assert len(lines) == 1 and lines[0].endswith("failed: database or disk is full"), lines

@@ -42,7 +42,7 @@ LEASE_ATTR = "driver"
 TTL_S = float(os.environ.get("SEARCH_LEASE_TTL_S", "15"))
 RENEW_S = TTL_S / 6
 SETTLE_S = 1.0
-LOCKED_NOTE_S = 30.0  # how often a renewal blocked by a locked database says so
+LOCKED_NOTE_S = 30.0  # how often failing renewals (a locked database) say so
 
 
 class StudyBusyError(SearchError):
@@ -203,19 +203,20 @@ class StudyLease:
                 self._renewed()
 
     def _renewal_failed(self, exc: Exception, started: float) -> None:
-        """Says why a renewal failed: how long the database has been locked (at most every
-        :data:`LOCKED_NOTE_S`), or the error behind Optuna's generic commit message."""
+        """Says why renewals fail, at most every :data:`LOCKED_NOTE_S`: how long the database
+        has been locked, or the error behind Optuna's generic commit message."""
         if self._failing_since is None:
             self._failing_since = started
-        since = time.monotonic() - self._failing_since
-        if not database_locked(exc):
-            _log.warning("renewing the study lease failed: %s", causes(exc)[-1])
-        elif self._noted_at is None or time.monotonic() - self._noted_at >= LOCKED_NOTE_S:
-            self._noted_at = time.monotonic()
+        if self._noted_at is not None and time.monotonic() - self._noted_at < LOCKED_NOTE_S:
+            return
+        self._noted_at = time.monotonic()
+        if database_locked(exc):
             _log.warning(
                 "the study's database was locked for %.0f s; the lease is renewed when it frees",
-                since,
+                self._noted_at - self._failing_since,
             )
+        else:
+            _log.warning("renewing the study lease failed: %s", causes(exc)[-1])
 
     def _renewed(self) -> None:
         """After failed renewals, one line saying the lease is renewed again."""
