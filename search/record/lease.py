@@ -131,7 +131,7 @@ class StudyLease:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._failing_since: float | None = None  # monotonic start of failed renewals
-        self._noted_at: float | None = None  # when the lock was last logged
+        self._noted_at: float | None = None  # when a failing renewal was last logged
 
     def current(self) -> dict[str, Any] | None:
         """The lease as stored (``None`` when the study never had one)."""
