@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Annotated, Any, NoReturn, TypeVar
 import typer
 from rich.console import Console
 
-from search.errors import SearchError, one_line
+from search.errors import SearchError, disk_full, one_line
 from search.spec.schema import DEFAULT_STORAGE
 
 if TYPE_CHECKING:
@@ -40,17 +40,35 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 
 def one_line_errors(fn: F) -> F:
-    """Turns a :class:`SearchError` into ``error: <message>`` on stderr and exit status 2."""
+    """Turns a :class:`SearchError` into ``error: <message>`` on stderr and exit status 2, and
+    so a full disk, naming the command's ``--storage`` or ``--results`` when it is on it."""
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
-            return fn(*args, **kwargs)
+            with full_disk_is_one_line(kwargs.get("storage"), kwargs.get("results")):
+                return fn(*args, **kwargs)
         except SearchError as exc:
             typer.echo(f"error: {one_line(str(exc))}", err=True)
             raise typer.Exit(2) from None
 
     return wrapper  # type: ignore[return-value]
+
+
+@contextlib.contextmanager
+def full_disk_is_one_line(*places: str | Path | None) -> Iterator[None]:
+    """Turns an error whose cause is a full disk into a
+    :class:`~search.errors.DiskFullError` naming the file or the first full one of
+    ``places`` (storage URLs and folders the command writes to)."""
+    try:
+        yield
+    except Exception as exc:
+        if disk_full(exc) is None:
+            raise
+        from search.record.storage import full_disk_error
+
+        error = full_disk_error(exc, [str(place) for place in places if place])
+        raise (error or exc) from None
 
 
 StorageOpt = Annotated[str, typer.Option(help="Optuna storage URL; ${VAR} reads the environment.")]
@@ -120,7 +138,8 @@ def run(
         takeover=takeover,
         source=str(spec),
     )
-    summary = run_study(parsed, options)
+    with full_disk_is_one_line(parsed.storage, results):
+        summary = run_study(parsed, options)
     with ray_stopping_behind():  # the results and the report need only the study
         done = load_study(parsed.study, parsed.storage)
         folder = write_results(done, parsed, results)

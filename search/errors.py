@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import errno
+
 
 def one_line(text: str) -> str:
     r"""``text`` with line breaks and other unprintable characters escaped: one console line.
@@ -35,3 +37,66 @@ class SpecError(SearchError):
         # A file name or a key may hold a line break; the message is one line all the same.
         parts = [one_line(source), one_line(field), " ".join(message.split())]
         super().__init__(": ".join(p for p in parts if p))
+
+
+def causes(exc: BaseException) -> list[BaseException]:
+    """``exc`` and the errors behind it (``__cause__``, else an unsuppressed ``__context__``),
+    outermost first.
+
+    Example:
+        >>> try:
+        ...     try:
+        ...         raise KeyError("inner")
+        ...     except KeyError as e:
+        ...         raise RuntimeError("outer") from e
+        ... except RuntimeError as e:
+        ...     [type(x).__name__ for x in causes(e)]
+        ['RuntimeError', 'KeyError']
+    """
+    chain: list[BaseException] = []
+    current: BaseException | None = exc
+    while current is not None and current not in chain:
+        chain.append(current)
+        suppressed = current.__suppress_context__  # ``raise ... from None``
+        current = current.__cause__ or (None if suppressed else current.__context__)
+    return chain
+
+
+def database_locked(exc: BaseException) -> bool:
+    """Whether ``exc`` (or an error behind it) is SQLite's ``database is locked``: another
+    process holds a write transaction on the file for longer than the busy timeout."""
+    return any("database is locked" in str(e) for e in causes(exc))
+
+
+def disk_full(exc: BaseException) -> str | None:
+    """Whether ``exc`` (or an error behind it) is a full disk: ``None`` when not; else the
+    file the error names, ``""`` when it names none (SQLite's ``database or disk is full``,
+    a ``write`` that met ``ENOSPC``).
+
+    Example:
+        >>> disk_full(OSError(errno.ENOSPC, "No space left on device", "/data/x.db"))
+        '/data/x.db'
+        >>> disk_full(ValueError("bad")) is None
+        True
+    """
+    for error in causes(exc):
+        if isinstance(error, OSError) and error.errno == errno.ENOSPC:
+            return str(error.filename or "")
+        if "database or disk is full" in str(error):
+            return ""
+    return None
+
+
+class DiskFullError(SearchError):
+    """A disk the run writes to is full: nothing is the config's fault; free space, rerun.
+
+    Example:
+        >>> str(DiskFullError("/data"))
+        'no space left on device for /data: free space and run the same command again'
+    """
+
+    def __init__(self, where: str) -> None:
+        super().__init__(
+            f"no space left on device for {one_line(where)}: free space and run the same "
+            "command again"
+        )

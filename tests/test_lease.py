@@ -140,3 +140,41 @@ def test_of_two_drivers_that_read_a_free_study_together_the_second_is_refused_at
     assert first.current()["run"] == "first"  # the second wrote nothing over it
     assert settles == []  # a compare-and-set in one transaction: no settling wait
     first.release()
+
+
+LOCK = """
+import sqlite3, sys, time
+db = sqlite3.connect(sys.argv[1], isolation_level=None)
+db.execute("BEGIN EXCLUSIVE")
+print("locked", flush=True)
+time.sleep(float(sys.argv[2]))
+db.execute("COMMIT")
+"""
+
+
+def test_a_database_locked_by_another_process_is_named_as_such(
+    url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A second process holds ``BEGIN EXCLUSIVE``: the renewals say the database is locked,
+    never Optuna's "invalid data in the commit", and say so again once it frees."""
+    monkeypatch.setattr("search.record.storage.SQLITE_TIMEOUT_S", 0.1)  # busy timeout
+    monkeypatch.setattr(lease_module, "LOCKED_NOTE_S", 1.0, raising=False)
+    lease = StudyLease(url, "s", "me")
+    lease.acquire()
+    locker = subprocess.Popen(
+        [sys.executable, "-c", LOCK, str(tmp_path / "l.db"), "2.0"], stdout=subprocess.PIPE
+    )
+    try:
+        assert locker.stdout is not None and locker.stdout.readline().strip() == b"locked"
+        with caplog.at_level("WARNING", logger=lease_module.__name__):
+            assert locker.wait(timeout=30) == 0
+            time.sleep(1.0)  # a renewal or two after the lock is gone
+    finally:
+        locker.kill()
+        lease.release()
+    lines = [r.getMessage() for r in caplog.records]
+    locked = [line for line in lines if line.startswith("the study's database was locked for")]
+    assert locked and locked[0].endswith("s; the lease is renewed when it frees"), lines
+    assert len(locked) <= 3, lines  # at most one line per LOCKED_NOTE_S, not one per renewal
+    assert any(line.startswith("the study's lease is renewed again, after") for line in lines)
+    assert not any("invalid data" in line for line in lines), lines

@@ -33,7 +33,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from search.errors import SearchError
+from search.errors import SearchError, causes, database_locked
 from search.record.storage import open_storage, rdb_backend
 
 _log = logging.getLogger(__name__)
@@ -42,6 +42,7 @@ LEASE_ATTR = "driver"
 TTL_S = float(os.environ.get("SEARCH_LEASE_TTL_S", "15"))
 RENEW_S = TTL_S / 6
 SETTLE_S = 1.0
+LOCKED_NOTE_S = 30.0  # how often failing renewals (a locked database) say so
 
 
 class StudyBusyError(SearchError):
@@ -129,6 +130,8 @@ class StudyLease:
         self._name, self.run_id = study_name, run_id
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._failing_since: float | None = None  # monotonic start of failed renewals
+        self._noted_at: float | None = None  # when a failing renewal was last logged
 
     def current(self) -> dict[str, Any] | None:
         """The lease as stored (``None`` when the study never had one)."""
@@ -187,6 +190,7 @@ class StudyLease:
 
     def _renew(self) -> None:
         while not self._stop.wait(RENEW_S):
+            started = time.monotonic()
             try:
                 now = self.current() or {}
                 if now.get("run") != self.run_id:  # taken over (--takeover): never write back
@@ -194,7 +198,34 @@ class StudyLease:
                     return
                 self._write()
             except Exception as exc:  # a storage hiccup: the next renewal may pass
-                _log.warning("renewing the study lease failed: %s", exc)
+                self._renewal_failed(exc, started)
+            else:
+                self._renewed()
+
+    def _renewal_failed(self, exc: Exception, started: float) -> None:
+        """Says why renewals fail, at most every :data:`LOCKED_NOTE_S`: how long the database
+        has been locked, or the error behind Optuna's generic commit message."""
+        if self._failing_since is None:
+            self._failing_since = started
+        if self._noted_at is not None and time.monotonic() - self._noted_at < LOCKED_NOTE_S:
+            return
+        self._noted_at = time.monotonic()
+        if database_locked(exc):
+            _log.warning(
+                "the study's database was locked for %.0f s; the lease is renewed when it frees",
+                self._noted_at - self._failing_since,
+            )
+        else:
+            _log.warning("renewing the study lease failed: %s", causes(exc)[-1])
+
+    def _renewed(self) -> None:
+        """After failed renewals, one line saying the lease is renewed again."""
+        if self._failing_since is not None:
+            _log.warning(
+                "the study's lease is renewed again, after %.0f s",
+                time.monotonic() - self._failing_since,
+            )
+        self._failing_since = self._noted_at = None
 
 
 def _swap(

@@ -9,16 +9,19 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
 import optuna
 
+from search.errors import DiskFullError, disk_full
 from search.record.bulk import BulkReadRDBStorage
 
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 SQLITE_TIMEOUT_S = 60
+FULL_BELOW_BYTES = 1 << 20  # a filesystem with less free space than this counts as full
 
 
 def expand(url: str) -> str:
@@ -105,3 +108,42 @@ def rdb_backend(storage: optuna.storages.BaseStorage) -> Any:
         True
     """
     return getattr(storage, "_backend", storage)
+
+
+def full_disk_error(exc: BaseException, places: list[str]) -> DiskFullError | None:
+    """The one line for ``exc`` when it is a full disk (:func:`search.errors.disk_full`),
+    else ``None``.
+
+    It names the file the error names; else the first of ``places`` (storage URLs, redacted,
+    and folders) whose filesystem is full; else the first SQLite place, for SQLite's own
+    ``database or disk is full``; else the first place.
+    """
+    where = disk_full(exc)
+    if where is None:
+        return None
+    folders = {place: _local_path(place) for place in places if place}
+    full = [place for place, path in folders.items() if path is not None and _is_full(path)]
+    sqlite = [place for place in folders if place.startswith("sqlite:")]
+    shown = where or next(iter(full or sqlite or list(folders)), "the disk the run writes to")
+    return DiskFullError(redact(shown))
+
+
+def _local_path(place: str) -> Path | None:
+    """The local file or folder of a SQLite URL or a folder; ``None`` for a server."""
+    if "://" not in place:
+        return Path(place)
+    try:
+        real = expand(place) if place.startswith("sqlite:///") else ""
+    except KeyError:  # a ${VAR} not set: not a place to look at
+        return None
+    return Path(real.removeprefix("sqlite:///").split("?", 1)[0]) if real else None
+
+
+def _is_full(path: Path) -> bool:
+    """Whether the filesystem holding ``path`` (or its nearest existing folder) is full."""
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    try:
+        return shutil.disk_usage(path).free < FULL_BELOW_BYTES
+    except OSError:
+        return False

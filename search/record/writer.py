@@ -18,6 +18,7 @@ from typing import Any
 
 from optuna.storages import BaseStorage
 
+from search.errors import causes, disk_full
 from search.record.batch import Known, write_together
 
 _log = logging.getLogger(__name__)
@@ -56,6 +57,7 @@ class OrderedWriter:
         self._pending: dict[int, list[Op]] = {}
         self._seq = 0
         self._errors: list[BaseException] = []
+        self._disk_full_said = False  # a full disk fails every write: said once
         self._failed: dict[int, int] = {}  # trial id -> its writes that failed
         self._thread: threading.Thread | None = None
         self._known: Known = {}  # each parameter's distribution, read once (batch.py)
@@ -128,7 +130,7 @@ class OrderedWriter:
                 try:
                     getattr(self._storage, method)(trial_id, *args)
                 except BaseException as exc:  # kept, raised by close(); the loop goes on
-                    _log.warning("storage write %s(trial %s) failed: %s", method, trial_id, exc)
+                    self._warn(method, trial_id, exc)
                     with self._lock:
                         self._errors.append(exc)
                         self._failed[trial_id] = self._failed.get(trial_id, 0) + 1
@@ -137,3 +139,12 @@ class OrderedWriter:
                 ops[:] = [op for op in ops if op[0] != seq]
                 if not ops:
                     self._pending.pop(trial_id, None)
+
+    def _warn(self, method: str, trial_id: int, exc: BaseException) -> None:
+        """Logs a failed write with its cause (Optuna's own says "invalid data in the
+        commit"); of the writes a full disk fails, the first only."""
+        if disk_full(exc) is not None:
+            if self._disk_full_said:
+                return
+            self._disk_full_said = True
+        _log.warning("storage write %s(trial %s) failed: %s", method, trial_id, causes(exc)[-1])

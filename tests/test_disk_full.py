@@ -1,0 +1,112 @@
+"""A full disk ends a command in one line naming it, exit 2: real errors from a real small
+filesystem (a tmpfs, mounted where the test may; skipped where it may not)."""
+
+from __future__ import annotations
+
+import errno
+import sqlite3
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import optuna
+import pytest
+from typer.testing import CliRunner
+
+from search.cli import app, full_disk_is_one_line
+from search.errors import DiskFullError, disk_full
+from search.record.storage import full_disk_error, open_storage
+
+FULL = "free space and run the same command again"
+
+
+@pytest.fixture
+def disk(tmp_path: Path) -> Iterator[Path]:
+    """A 1 MiB tmpfs, empty."""
+    folder = tmp_path / "disk"
+    folder.mkdir()
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(folder)],
+        capture_output=True,
+        text=True,
+    )
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
+    try:
+        yield folder
+    finally:
+        subprocess.run(["umount", "-l", str(folder)], check=False)
+
+
+def _fill(folder: Path) -> OSError:
+    """Fills ``folder``'s filesystem; returns the ``OSError`` the last write met."""
+    with (folder / "filler").open("wb", buffering=0) as fh:
+        try:
+            while True:
+                fh.write(b"\0" * 65536)
+        except OSError as exc:
+            return exc
+    raise AssertionError("unreachable")
+
+
+def test_disk_full_recognizes_real_errors(disk: Path) -> None:
+    db = sqlite3.connect(disk / "x.db")
+    db.execute("CREATE TABLE t (b BLOB)")
+    db.commit()
+    written = _fill(disk)
+    assert written.errno == errno.ENOSPC and disk_full(written) == ""
+    with pytest.raises(sqlite3.OperationalError, match="database or disk is full") as info:
+        db.execute("INSERT INTO t VALUES (?)", (b"\1" * 200_000,))
+        db.commit()
+    assert disk_full(info.value) == ""
+    named = OSError(errno.ENOSPC, "No space left on device", str(disk / "f"))
+    assert disk_full(named) == str(disk / "f")
+    assert disk_full(sqlite3.OperationalError("database is locked")) is None
+    assert disk_full(OSError(errno.EACCES, "Permission denied")) is None
+    # No file named: the place whose filesystem is full, not the first one given.
+    assert str(full_disk_error(written, ["sqlite:////elsewhere/s.db", str(disk)])) == (
+        f"no space left on device for {disk}: {FULL}"
+    )
+
+
+def test_a_study_on_a_full_disk_is_one_line_naming_its_storage(disk: Path) -> None:
+    """Optuna says "invalid data in the commit"; the line says the disk is full."""
+    url = f"sqlite:///{disk}/s.db"
+    study = optuna.create_study(study_name="s", storage=open_storage(url))
+    _fill(disk)
+    with pytest.raises(DiskFullError) as info, full_disk_is_one_line(url, disk / "results"):
+        for _ in range(20):
+            study.set_user_attr("big", "x" * 100_000)
+            study.tell(study.ask(), 1.0)
+    assert str(info.value) == f"no space left on device for {url}: {FULL}"
+
+
+def test_a_command_whose_results_folder_is_full_ends_in_one_line(
+    disk: Path, tmp_path: Path
+) -> None:
+    url = f"sqlite:///{tmp_path}/s.db"
+    study = optuna.create_study(study_name="s", storage=open_storage(url))
+    study.tell(study.ask({"x": optuna.distributions.FloatDistribution(0, 1)}), 0.5)
+    _fill(disk)
+    result = CliRunner().invoke(app, ["report", "s", "--storage", url, "--results", str(disk)])
+    assert result.exit_code == 2, result.output
+    assert result.output.strip() == f"error: no space left on device for {disk}: {FULL}"
+
+
+def test_the_study_writer_says_a_full_disk_once_with_its_cause(
+    disk: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from search.record.writer import OrderedWriter
+
+    storage = open_storage(f"sqlite:///{disk}/s.db")
+    study = optuna.create_study(study_name="s", storage=storage)
+    trial_id = study.ask()._trial_id
+    _fill(disk)
+    writer = OrderedWriter(storage)
+    with caplog.at_level("WARNING", logger="search.record.writer"):
+        for step in range(5):
+            writer.put(trial_id, "set_trial_user_attr", (f"k{step}", "x" * 300_000))
+        with pytest.raises(RuntimeError, match="5 study write"):
+            writer.close()
+    lines = [r.getMessage() for r in caplog.records if r.name == "search.record.writer"]
+    assert len(lines) == 1 and lines[0].endswith("failed: database or disk is full"), lines
