@@ -23,7 +23,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("run",),
     ("record",),
     ("spec",),
-    ("testing", "keras"),
+    ("testing", "keras", "hf"),
     ("__init__",),
     ("contract",),
     ("errors",),
