@@ -17,7 +17,7 @@ import numpy as np
 import search.hf
 from search import TrialContext, train_to_end, trainable, write_inputs
 
-DEFAULTS = {"lr": 5e-3, "batch_size": 32, "weight_decay": 0.0}
+DEFAULTS = {"lr": 1e-2, "batch_size": 16, "weight_decay": 0.0}
 """Every knob ``train`` reads, with its default (the spec's knobs are checked against it)."""
 VOCAB, LENGTH, SIGNAL = 64, 16, (2, 3, 4)
 """Token ids 0..63 (0: padding, 1: [CLS]); a sequence is positive when it holds a SIGNAL id."""
