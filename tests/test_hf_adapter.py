@@ -18,6 +18,8 @@ import search.hf  # noqa: E402
 from examples.hf_text import text  # noqa: E402
 from search.contract import TrialContext  # noqa: E402
 
+pytestmark = pytest.mark.torch
+
 Data = dict[str, Any]
 
 
