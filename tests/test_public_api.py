@@ -1,4 +1,5 @@
-"""The public API: ``search.__all__``, :mod:`search.keras` and :mod:`search.hf`, pinned name by name.
+"""The public API: ``search.__all__``, :mod:`search.keras` and :mod:`search.hf`, pinned
+name by name.
 
 A user's trainable imports only these (README, "Public API"); every other module may move. A
 change here breaks users' code: change this file only on purpose. The built-in trainables and
