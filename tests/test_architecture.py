@@ -24,7 +24,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("compute",),
     ("record",),
     ("spec",),
-    ("testing", "keras"),
+    ("testing", "keras", "hf"),
     ("__init__",),
     ("contract",),
     ("errors",),

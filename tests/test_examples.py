@@ -1,4 +1,4 @@
-"""The three user projects under ``examples/``, end to end as a new user runs them:
+"""The four user projects under ``examples/``, end to end as a new user runs them:
 ``run`` (small budget), ``export`` (one config, one seed), then ``train`` of the bundle."""
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ EXAMPLES = {
     "torch_mlp": ("bc-mlp", "val_loss", "val_accuracy", "model.onnx"),
     "keras_fit": ("wine-keras", "val_accuracy", "loss", "model.keras"),
     "csv_regression": ("diabetes-sgd", "val_rmse", "train_rmse", "model.pkl"),
+    "hf_text": ("tokens-bert", "eval_loss", "eval_accuracy", "model.safetensors"),
 }
 
 
@@ -38,6 +39,8 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
 def test_an_example_runs_exports_and_trains_again(example: str, tmp_path: Path) -> None:
     if example == "keras_fit":
         pytest.importorskip("tensorflow")
+    if example == "hf_text":
+        pytest.importorskip("transformers")
     study, objective, other, model_file = EXAMPLES[example]
     storage, results = f"sqlite:///{tmp_path}/o.db", tmp_path / "results"
     spec = f"examples/{example}/space.yaml"

@@ -1,4 +1,5 @@
-"""The public API: ``search.__all__`` and :mod:`search.keras`, pinned name by name.
+"""The public API: ``search.__all__``, :mod:`search.keras` and :mod:`search.hf`, pinned
+name by name.
 
 A user's trainable imports only these (README, "Public API"); every other module may move. A
 change here breaks users' code: change this file only on purpose. The built-in trainables and
@@ -17,6 +18,7 @@ from pathlib import Path
 import pytest
 
 import search
+import search.hf
 import search.keras
 
 REPO = Path(__file__).resolve().parents[1]
@@ -49,7 +51,13 @@ KERAS = {
     "ctx: 'TrialContext', out_dir: 'Path') -> 'Metrics'",
 }
 """:mod:`search.keras`, the public module for Keras users."""
-PUBLIC_MODULES = {"search", "search.keras"}
+HF = {
+    "training_args": "(config: 'Mapping[str, Any]', ctx: 'TrialContext', **overrides: 'Any') "
+    "-> 'Any'",
+    "train": "(trainer: 'Any', ctx: 'TrialContext') -> 'Generator[Metrics, None, Any]'",
+}
+""":mod:`search.hf`, the public module for Hugging Face Trainer users."""
+PUBLIC_MODULES = {"search", "search.keras", "search.hf"}
 TRIAL_CONTEXT = [
     ("max_epochs", "int", dataclasses.MISSING),
     ("seed", "int", 0),
@@ -103,6 +111,11 @@ def test_a_public_function_keeps_its_signature(name: str) -> None:
 @pytest.mark.parametrize("name", sorted(KERAS))
 def test_a_keras_function_keeps_its_signature(name: str) -> None:
     assert str(inspect.signature(getattr(search.keras, name))) == KERAS[name]
+
+
+@pytest.mark.parametrize("name", sorted(HF))
+def test_a_hugging_face_function_keeps_its_signature(name: str) -> None:
+    assert str(inspect.signature(getattr(search.hf, name))) == HF[name]
 
 
 def test_trial_context_keeps_its_fields_types_and_defaults() -> None:
@@ -160,6 +173,7 @@ def private_imports(path: Path) -> list[str]:
     """The imports in ``path`` that reach past the public surface."""
     public = {f"search.{n}" for n in search.__all__} | PUBLIC_MODULES
     public |= {f"search.keras:{n}" for n in KERAS}
+    public |= {f"search.hf:{n}" for n in HF}
     return [name for name in search_imports(path) if name not in public]
 
 
