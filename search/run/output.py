@@ -39,8 +39,13 @@ def captured(trial_dir: str | Path) -> Iterator[Path | None]:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         file = open(path, "ab", buffering=0)  # noqa: SIM115 (closed in the finally below)
-        saved = (os.dup(1), os.dup(2))
     except OSError:
+        yield None
+        return
+    try:
+        saved = (os.dup(1), os.dup(2))
+    except OSError:  # no stdout or stderr to restore afterwards: leave them as they are
+        file.close()
         yield None
         return
     _flush()
