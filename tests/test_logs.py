@@ -21,7 +21,7 @@ from search.run.runner import RunOptions, run_study
 from search.spec.schema import parse_spec
 from tests.conftest import base_spec
 
-TRIALS = 4
+TRIALS = 3
 FAILS = 1
 """The trial number that raises (a code error: it fails at once, after its prints)."""
 
@@ -84,7 +84,7 @@ def test_logs_prints_the_trial_output_and_a_missing_trial_gets_one_line(ran: tup
     assert missing.exit_code == 2
     lines = missing.output.strip().splitlines()
     assert lines == [
-        "error: TRIAL: study 'chat' has no trial 99 (it has 4 trials, numbered from 0)"
+        "error: TRIAL: study 'chat' has no trial 99 (it has 3 trials, numbered from 0)"
     ]
     nostudy = runner.invoke(app, ["logs", "nope", "0", "--storage", spec.storage])
     assert nostudy.exit_code == 2 and len(nostudy.output.strip().splitlines()) == 1
