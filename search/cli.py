@@ -1,5 +1,5 @@
-"""The command line: ``run``, ``trials``, ``dashboard``, ``export``, ``report``, ``train`` and
-``check``.
+"""The command line: ``run``, ``trials``, ``logs``, ``dashboard``, ``export``, ``report``,
+``train`` and ``check``.
 
 The top layer: it calls :mod:`search.handover`, :mod:`search.report` and :mod:`search.run`.
 Those modules import Ray, Optuna or PyTorch when they are imported, so each command imports
@@ -190,6 +190,25 @@ def trials_cmd(
     check_storage(storage, "--storage")
     names = [m.strip() for m in metrics.split(",") if m.strip()]
     print_trials(console, load_study(study, storage), names)
+
+
+@app.command()
+@one_line_errors
+def logs(
+    study: Annotated[str, typer.Argument(help="Study name.")],
+    trial: Annotated[int, typer.Argument(help="Trial number.")],
+    storage: StorageOpt = DEFAULT_STORAGE,
+    follow: Annotated[
+        bool, typer.Option("--follow", help="Go on printing until the trial stops running.")
+    ] = False,
+) -> None:
+    """Print a trial's stdout and stderr (its output.log, named by user_attrs.log)."""
+    from search.record.study import load_study
+    from search.report.logs import print_log
+    from search.run.preflight import check_storage
+
+    check_storage(storage, "--storage")
+    print_log(load_study(study, storage), trial, follow=follow)
 
 
 @app.command()

@@ -32,6 +32,8 @@ REPLICAS = RESERVED_PREFIX + "replicas"
 FAIL_REASON = RESERVED_PREFIX + "fail_reason"
 TRACEBACK = RESERVED_PREFIX + "traceback"
 """Where the full traceback of a trial's error was written."""
+LOG = RESERVED_PREFIX + "log"
+"""Where the trial's stdout and stderr go (``output.log`` in its folder)."""
 CODE_ERROR = RESERVED_PREFIX + "code_error"
 """Set on a failing result whose cause is the trainable's code: the same every time."""
 METRIC_KEYS = RESERVED_PREFIX + "metrics"
@@ -65,6 +67,8 @@ class TrialRecord:
     """What cut the trial short from outside: ``"time limit"`` or ``"interrupt"``."""
     traceback: str | None = None
     """Where the full traceback of its error is (a file on the node that ran it)."""
+    log: str | None = None
+    """Where its stdout and stderr are (a file on the node that ran it)."""
     code_error: bool = False
     """Whether it failed by its code (an error that no retry fixes, a missing metric)."""
     metrics: dict[int, dict[str, float]] = field(default_factory=dict)
@@ -75,6 +79,7 @@ class TrialRecord:
     def add(self, result: Mapping[str, Any]) -> tuple[int, float] | None:
         """Takes one reported result; returns ``(epoch, value)`` if it is a new epoch."""
         self.traceback = result.get(TRACEBACK) or self.traceback
+        self.log = result.get(LOG) or self.log
         self.code_error = bool(result.get(CODE_ERROR)) or self.code_error
         self.dropped.update(str(name) for name in result.get(DROPPED) or ())
         if result.get(NO_VALUE):
@@ -162,6 +167,8 @@ class TrialRecord:
             attrs["dropped_metrics"] = sorted(self.dropped)
         if self.traceback:
             attrs["traceback"] = self.traceback
+        if self.log:
+            attrs["log"] = self.log
         return attrs
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import optuna
@@ -26,6 +27,7 @@ from ray.tune.search import Searcher
 from search.record.fate import NUMBER, SEED, TrialRecord, error_summary
 from search.record.resume import FATE, fate_record
 from search.record.warm import START_FROM
+from search.run.output import LOG_FILE
 from search.spec.space import sample
 
 if TYPE_CHECKING:
@@ -45,6 +47,7 @@ class Outcome:
         state: ``COMPLETE``, ``PRUNED`` or ``FAIL``.
         reason: Why it failed (``None`` unless FAIL).
         traceback: The file that holds its error's traceback, when it raised.
+        log: The file that holds its stdout and stderr.
         code_error: Whether its own code failed it (an error no retry fixes, a missing metric,
             an error that outlived its retries), as opposed to a NaN or an interrupt.
         metrics: Every numeric metric it yielded, per epoch.
@@ -58,6 +61,7 @@ class Outcome:
     code_error: bool = False
     metrics: dict[int, dict[str, float]] = field(default_factory=dict)
     dropped: tuple[str, ...] = ()
+    log: str | None = None
 
 
 class OptunaBridge(Searcher):
@@ -178,6 +182,15 @@ class OptunaBridge(Searcher):
             record.traceback = traceback or record.traceback
             self._finish(trial_id)
 
+    def record_start(self, trial_id: str, log: str) -> None:
+        """Called by :class:`ErrorCallback` when a trial starts: its output's file, recorded
+        now (``user_attrs.log``) so ``search logs --follow`` finds a running trial's."""
+        if trial_id in self._live:
+            trial, record = self._live[trial_id]
+            if record.log != log:
+                record.log = log
+                trial.set_user_attr("log", log)
+
     def record_retry(self, trial_id: str) -> None:
         """Called by :class:`ErrorCallback` when Ray retries a trial from its checkpoint."""
         if trial_id in self._live:
@@ -222,6 +235,7 @@ class OptunaBridge(Searcher):
             record.code_error or record.errored,
             dict(record.metrics),
             tuple(sorted(record.dropped)),
+            record.log,
         )
         self.outcomes[trial_id] = outcome
         for listener in self._listeners:
@@ -251,7 +265,8 @@ def _told_values(record: TrialRecord, state: TrialState, value: float | None) ->
 
 
 class ErrorCallback(Callback):
-    """Hands a failed trial's error, as one line, to the bridge, and counts retries."""
+    """Hands a failed trial's error, as one line, to the bridge, counts retries, and tells
+    it where each trial's output goes (``output.log`` in the trial's folder)."""
 
     def __init__(self, bridge: OptunaBridge) -> None:
         self._bridge = bridge
@@ -262,6 +277,12 @@ class ErrorCallback(Callback):
         self._bridge.record_error(
             trial.trial_id, error_summary(_trial_error(trial)), getattr(trial, "error_file", None)
         )
+
+    def on_trial_start(
+        self, iteration: int, trials: list[Trial], trial: Trial, **info: Any
+    ) -> None:
+        if trial.path:
+            self._bridge.record_start(trial.trial_id, str(Path(trial.path) / LOG_FILE))
 
     def on_trial_recover(
         self, iteration: int, trials: list[Trial], trial: Trial, **info: Any

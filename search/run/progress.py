@@ -239,8 +239,13 @@ class ProgressCallback(Callback):
         why = ""
         if outcome is not None and outcome.reason:
             why = f" [red]{escape(outcome.reason)}[/red]"
-            if outcome.traceback:
-                why += f" [dim](traceback: {escape(outcome.traceback)})[/dim]"
+            files = [
+                f"{name}: {escape(path)}"
+                for name, path in (("traceback", outcome.traceback), ("output", outcome.log))
+                if path
+            ]
+            if files:
+                why += f" [dim]({'; '.join(files)})[/dim]"
         self._console.print(
             f"[dim][{time.monotonic() - self._start:7.1f}s {self._done:>3}/{self._total}][/dim] "
             f"trial {number:>3} [{style}]{state:<8}[/{style}] epoch {epoch:>3} "

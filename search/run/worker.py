@@ -34,6 +34,7 @@ from search.record.fate import (
     EPOCH,
     FAIL_REASON,
     LIMITS,
+    LOG,
     METRIC_KEYS,
     NO_VALUE,
     NODE,
@@ -43,6 +44,7 @@ from search.record.fate import (
     TRACEBACK,
     error_summary,
 )
+from search.run.output import captured
 
 if TYPE_CHECKING:
     from search.contract import Dataset
@@ -158,9 +160,24 @@ NOT_RETRIED = (
 with its traceback written beside it, and is not retried (Tune retries whatever raises)."""
 
 
+def _log_dir(ctx: TrialContext) -> str:
+    """The trial's folder under the run's results (``results/ray/<study>/<trial>``), where its
+    output is written as it comes; the staging folder Ray syncs from when the storage is not
+    a local file system."""
+    from ray import tune
+
+    try:
+        storage = tune.get_context().get_storage()
+        if storage.storage_filesystem.type_name == "local":
+            return str(storage.trial_fs_path)
+    except (AttributeError, RuntimeError, ValueError):
+        pass
+    return ctx.trial_dir
+
+
 def _code_error(exc: BaseException, ctx: TrialContext) -> dict[str, Any]:
     """The report of a trial that raised one of :data:`NOT_RETRIED`."""
-    path = Path(ctx.trial_dir) / "traceback.txt"
+    path = Path(_log_dir(ctx)) / "traceback.txt"  # beside output.log
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text("".join(traceback.format_exception(exc)))
@@ -171,12 +188,27 @@ def _code_error(exc: BaseException, ctx: TrialContext) -> dict[str, Any]:
 
 
 def run_trial(config: dict[str, Any], job: TrialJob, data: Dataset) -> None:
-    """The Ray Tune function trainable: one ``tune.report`` per epoch the trainable yields."""
-    from ray import tune
-
+    """The Ray Tune function trainable: one ``tune.report`` per epoch the trainable yields,
+    the trial's stdout and stderr captured into ``output.log`` in its folder."""
     train = declarations(job.trainable).train  # imports its module (and its framework)
     device, node = _placement()
     ctx = _context(config, job, device)
+    with captured(_log_dir(ctx)) as log:
+        where = {DEVICE: device, NODE: node, **({LOG: str(log)} if log else {})}
+        _run(train, config, job, data, ctx, where)
+
+
+def _run(
+    train: Any,
+    config: dict[str, Any],
+    job: TrialJob,
+    data: Dataset,
+    ctx: TrialContext,
+    where: dict[str, Any],
+) -> None:
+    """Drives one attempt of the trial; ``where`` goes into every report."""
+    from ray import tune
+
     if ctx.checkpoint_dir:  # the attempt starts: its first checkpoint comes every_s later
         _SAVED[ctx.checkpoint_dir] = ((), time.monotonic())
     limits = apply_limits(ctx)
@@ -186,7 +218,6 @@ def run_trial(config: dict[str, Any], job: TrialJob, data: Dataset) -> None:
     else:
         epochs = train(params, data, ctx)
     planned = job.workers * int(job.extras.get("replicas") or 1)
-    where = {DEVICE: device, NODE: node}
     last = ctx.start_epoch - 1
     try:
         with closing(drive(epochs, job.max_epochs, ctx.start_epoch, job.required)) as run:

@@ -3,6 +3,7 @@
 from search.testing.trainables import (
     HOSTILE_MODES,
     SIDE_METRICS_DROPPED,
+    chatty,
     curve,
     curve_export,
     hostile,
@@ -13,6 +14,7 @@ from search.testing.trainables import (
 __all__ = [
     "HOSTILE_MODES",
     "SIDE_METRICS_DROPPED",
+    "chatty",
     "curve",
     "curve_export",
     "hostile",

@@ -7,6 +7,9 @@ where a trainable says so (``side_metrics``).
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -117,6 +120,19 @@ def _traced(config: Mapping[str, Any], data: Dataset, ctx: TrialContext) -> Iter
 
 def instant(config: Mapping[str, Any], data: Dataset, ctx: TrialContext) -> Iterator[Metrics]:
     """One epoch, no work: measures pure orchestration overhead."""
+    yield {"val_accuracy": float(config.get("x", 0.0))}
+
+
+def chatty(config: Mapping[str, Any], data: Dataset, ctx: TrialContext) -> Iterator[Metrics]:
+    """One epoch that writes a line naming its trial to stdout (``print``), to stderr at the
+    file-descriptor level (``os.write(2, ...)``, as C code does) and from a child process;
+    trial number ``fail_trial`` then raises ``KeyError`` (a code error: not retried)."""
+    print(f"stdout of trial {ctx.trial_number}", flush=True)
+    os.write(2, f"stderr of trial {ctx.trial_number}\n".encode())
+    child = f"import os; os.write(1, b'child of trial {ctx.trial_number}\\n')"
+    subprocess.run([sys.executable, "-c", child], check=True)
+    if config.get("fail_trial") == ctx.trial_number:
+        raise KeyError(f"fail_trial {ctx.trial_number}")
     yield {"val_accuracy": float(config.get("x", 0.0))}
 
 

@@ -1,0 +1,77 @@
+"""``search logs``: a trial's own output (``user_attrs.log``), printed or followed.
+
+The worker captures each trial's stdout and stderr into ``output.log`` in the trial's folder
+(:mod:`search.run.output`); the study records that file's path on the trial when it starts.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+from typing import IO, TYPE_CHECKING
+
+from optuna.trial import TrialState
+
+from search.errors import SearchError
+
+if TYPE_CHECKING:
+    import optuna
+
+POLL_S = 0.5
+"""How often ``--follow`` reads the file and the trial's state again."""
+
+
+def _trial(study: optuna.Study, number: int) -> optuna.trial.FrozenTrial:
+    """The study's trial ``number``, read afresh from the storage."""
+    storage = study._storage
+    try:
+        trial_id = storage.get_trial_id_from_study_id_trial_number(study._study_id, number)
+    except KeyError:
+        count = len(study.get_trials(deepcopy=False))
+        raise SearchError(
+            f"TRIAL: study {study.study_name!r} has no trial {number} (it has {count} trials, "
+            f"numbered from 0)"
+        ) from None
+    return storage.get_trial(trial_id)
+
+
+def log_path(study: optuna.Study, number: int) -> Path:
+    """Where trial ``number``'s output is (its ``user_attrs.log``), checked to be there.
+
+    Raises:
+        SearchError: The trial is not in the study, records no log, or its file is missing.
+    """
+    trial = _trial(study, number)
+    path = trial.user_attrs.get("log")
+    if not path:
+        raise SearchError(
+            f"trial {number} of study {study.study_name!r}: user_attrs.log is not set (the "
+            "trial never started, or ran before trials recorded their output)"
+        )
+    if not Path(path).is_file():
+        raise SearchError(
+            f"{path}: trial {number}'s output file is not there (user_attrs.log names a file "
+            "on the node that ran it)"
+        )
+    return Path(path)
+
+
+def print_log(
+    study: optuna.Study, number: int, *, follow: bool = False, out: IO[str] | None = None
+) -> None:
+    """Prints trial ``number``'s output; with ``follow``, goes on printing what the trial
+    writes until the study no longer holds it as RUNNING."""
+    out = out or sys.stdout
+    path = log_path(study, number)
+    with path.open(errors="replace") as file:
+        while True:
+            out.write(file.read())
+            out.flush()
+            if not follow:
+                return
+            if _trial(study, number).state != TrialState.RUNNING:
+                out.write(file.read())  # what it wrote last, before it ended
+                out.flush()
+                return
+            time.sleep(POLL_S)
