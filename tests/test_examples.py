@@ -19,6 +19,7 @@ EXAMPLES = {
     # folder: (study, objective, another metric it yields, the model file its hook writes)
     "torch_mlp": ("bc-mlp", "val_loss", "val_accuracy", "model.onnx"),
     "keras_fit": ("wine-keras", "val_accuracy", "loss", "model.keras"),
+    "lightning_mlp": ("bc-lightning", "val_loss", "val_accuracy", "model.onnx"),
     "csv_regression": ("diabetes-sgd", "val_rmse", "train_rmse", "model.pkl"),
 }
 
@@ -38,6 +39,8 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
 def test_an_example_runs_exports_and_trains_again(example: str, tmp_path: Path) -> None:
     if example == "keras_fit":
         pytest.importorskip("tensorflow")
+    if example == "lightning_mlp":
+        pytest.importorskip("lightning")
     study, objective, other, model_file = EXAMPLES[example]
     storage, results = f"sqlite:///{tmp_path}/o.db", tmp_path / "results"
     spec = f"examples/{example}/space.yaml"

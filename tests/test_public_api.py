@@ -1,4 +1,5 @@
-"""The public API: ``search.__all__`` and :mod:`search.keras`, pinned name by name.
+"""The public API: ``search.__all__``, :mod:`search.keras` and :mod:`search.lightning`, pinned
+name by name.
 
 A user's trainable imports only these (README, "Public API"); every other module may move. A
 change here breaks users' code: change this file only on purpose. The built-in trainables and
@@ -18,6 +19,7 @@ import pytest
 
 import search
 import search.keras
+import search.lightning
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -49,7 +51,13 @@ KERAS = {
     "ctx: 'TrialContext', out_dir: 'Path') -> 'Metrics'",
 }
 """:mod:`search.keras`, the public module for Keras users."""
-PUBLIC_MODULES = {"search", "search.keras"}
+LIGHTNING = {
+    "fit": "(module: 'Any', ctx: 'TrialContext', *, datamodule: 'Any' = None, "
+    "train_dataloaders: 'Any' = None, val_dataloaders: 'Any' = None, "
+    "trainer_kwargs: 'Mapping[str, Any] | None' = None) -> 'Generator[Metrics, None, Any]'",
+}
+""":mod:`search.lightning`, the public module for Lightning users."""
+PUBLIC_MODULES = {"search", "search.keras", "search.lightning"}
 TRIAL_CONTEXT = [
     ("max_epochs", "int", dataclasses.MISSING),
     ("seed", "int", 0),
@@ -103,6 +111,11 @@ def test_a_public_function_keeps_its_signature(name: str) -> None:
 @pytest.mark.parametrize("name", sorted(KERAS))
 def test_a_keras_function_keeps_its_signature(name: str) -> None:
     assert str(inspect.signature(getattr(search.keras, name))) == KERAS[name]
+
+
+@pytest.mark.parametrize("name", sorted(LIGHTNING))
+def test_a_lightning_function_keeps_its_signature(name: str) -> None:
+    assert str(inspect.signature(getattr(search.lightning, name))) == LIGHTNING[name]
 
 
 def test_trial_context_keeps_its_fields_types_and_defaults() -> None:
@@ -160,6 +173,7 @@ def private_imports(path: Path) -> list[str]:
     """The imports in ``path`` that reach past the public surface."""
     public = {f"search.{n}" for n in search.__all__} | PUBLIC_MODULES
     public |= {f"search.keras:{n}" for n in KERAS}
+    public |= {f"search.lightning:{n}" for n in LIGHTNING}
     return [name for name in search_imports(path) if name not in public]
 
 
