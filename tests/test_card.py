@@ -215,3 +215,13 @@ def test_environment_records_the_projects_commit_and_the_datas_fingerprint(
     again = environment(user_package, changed, spec)
     assert f"project git {head.strip()} ({root.resolve()})" in again
     assert digest.group(1) not in again and "data sha256 " in again
+
+
+def test_a_loaders_dict_is_fingerprinted_like_a_dataset() -> None:
+    """A loader may return a dict of arrays (the examples do): same shapes and hash."""
+    from search.contract.dataset import Dataset
+    from search.handover.lineage import fingerprint
+
+    x, y = np.arange(12, dtype=np.float32).reshape(4, 3), np.array([0, 1, 0, 1])
+    arrays = {"x_train": x, "y_train": y, "x_val": x[:2], "y_val": y[:2]}
+    assert fingerprint(arrays) == fingerprint(Dataset(*arrays.values(), 2, "rows"))

@@ -19,8 +19,9 @@ import hashlib
 import importlib.util
 import json
 import subprocess
+from collections.abc import Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from search.contract import BUILTIN
 
@@ -72,14 +73,21 @@ def project_commit(trainable: str) -> str:
     return f"project git {commit} ({root}{dirty})"
 
 
-def fingerprint(data: Dataset) -> tuple[str, str]:
-    """``(shapes, sha256)``: each array's dtype and shape, and one hash over them all."""
+def fingerprint(data: Any) -> tuple[str, str]:
+    """``(shapes, sha256)``: each array's dtype and shape, and one hash over them all.
+
+    ``data`` is a :class:`~search.contract.Dataset` or what a loader returned: a mapping (the
+    examples' dicts) or an object with those attributes; arrays it lacks are left out.
+    """
     import numpy as np
 
     digest = hashlib.sha256()
     parts = []
     for name in ARRAYS:
-        array = np.ascontiguousarray(getattr(data, name))
+        found = data.get(name) if isinstance(data, Mapping) else getattr(data, name, None)
+        if found is None:
+            continue
+        array = np.ascontiguousarray(found)
         parts.append(f"{name} {array.dtype} {tuple(array.shape)}")
         digest.update(f"{name}|{array.dtype.str}|{array.shape}|".encode())
         digest.update(array.tobytes())
@@ -95,7 +103,8 @@ def data_lines(data: Dataset | None, spec: DataSpec | None) -> list[str]:
         lines.append(f"data built-in {spec.name}")
     if data is not None:
         shapes, digest = fingerprint(data)
-        where = f" (read from {data.path} per trial)" if data.path else ""
+        path = getattr(data, "path", None)
+        where = f" (read from {path} per trial)" if path else ""
         lines += [f"data {shapes}{where}", f"data sha256 {digest}"]
     return lines
 
