@@ -24,15 +24,15 @@ LAYERS: list[tuple[str, ...]] = [
     ("compute",),
     ("record",),
     ("spec",),
-    ("testing", "keras", "hf"),
+    ("testing", "keras", "lightning", "hf"),
     ("__init__",),
     ("contract",),
     ("errors",),
 ]
 """Top to bottom. ``testing`` holds deterministic trainables for tests (like optuna.testing);
-``keras`` adapts a user's ``model.fit`` to the contract; ``__init__`` (the package root,
-``search``) re-exports the public names from ``contract``; modules inside the package
-import them from ``contract``."""
+``keras`` and ``lightning`` adapt a user's ``model.fit`` / ``trainer.fit`` to the contract;
+``__init__`` (the package root, ``search``) re-exports the public names from ``contract``;
+modules inside the package import them from ``contract``."""
 LAZY_ALLOWED = {"search.cli", "search.__main__"}
 """Modules that may import ``search`` modules inside functions (to keep ``--help`` fast)."""
 

@@ -19,6 +19,7 @@ EXAMPLES = {
     # folder: (study, objective, another metric it yields, the model file its hook writes)
     "torch_mlp": ("bc-mlp", "val_loss", "val_accuracy", "model.onnx"),
     "keras_fit": ("wine-keras", "val_accuracy", "loss", "model.keras"),
+    "lightning_mlp": ("bc-lightning", "val_loss", "val_accuracy", "model.onnx"),
     "csv_regression": ("diabetes-sgd", "val_rmse", "train_rmse", "model.pkl"),
     "hf_text": ("tokens-bert", "eval_loss", "eval_accuracy", "model.safetensors"),
 }
@@ -41,6 +42,8 @@ def test_an_example_runs_exports_and_trains_again(example: str, tmp_path: Path) 
         pytest.importorskip("tensorflow")
     if example == "hf_text":
         pytest.importorskip("transformers")
+    if example == "lightning_mlp":
+        pytest.importorskip("lightning")
     study, objective, other, model_file = EXAMPLES[example]
     storage, results = f"sqlite:///{tmp_path}/o.db", tmp_path / "results"
     spec = f"examples/{example}/space.yaml"

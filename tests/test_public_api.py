@@ -1,4 +1,5 @@
-"""The public API: ``search.__all__``, :mod:`search.keras` and :mod:`search.hf`, pinned
+"""The public API: ``search.__all__``, :mod:`search.keras`, :mod:`search.lightning` and
+:mod:`search.hf`, pinned
 name by name.
 
 A user's trainable imports only these (README, "Public API"); every other module may move. A
@@ -20,6 +21,7 @@ import pytest
 import search
 import search.hf
 import search.keras
+import search.lightning
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -57,7 +59,13 @@ HF = {
     "train": "(trainer: 'Any', ctx: 'TrialContext') -> 'Generator[Metrics, None, Any]'",
 }
 """:mod:`search.hf`, the public module for Hugging Face Trainer users."""
-PUBLIC_MODULES = {"search", "search.keras", "search.hf"}
+LIGHTNING = {
+    "fit": "(module: 'Any', ctx: 'TrialContext', *, datamodule: 'Any' = None, "
+    "train_dataloaders: 'Any' = None, val_dataloaders: 'Any' = None, "
+    "trainer_kwargs: 'Mapping[str, Any] | None' = None) -> 'Generator[Metrics, None, Any]'",
+}
+""":mod:`search.lightning`, the public module for Lightning users."""
+PUBLIC_MODULES = {"search", "search.keras", "search.lightning", "search.hf"}
 TRIAL_CONTEXT = [
     ("max_epochs", "int", dataclasses.MISSING),
     ("seed", "int", 0),
@@ -118,6 +126,11 @@ def test_a_hugging_face_function_keeps_its_signature(name: str) -> None:
     assert str(inspect.signature(getattr(search.hf, name))) == HF[name]
 
 
+@pytest.mark.parametrize("name", sorted(LIGHTNING))
+def test_a_lightning_function_keeps_its_signature(name: str) -> None:
+    assert str(inspect.signature(getattr(search.lightning, name))) == LIGHTNING[name]
+
+
 def test_trial_context_keeps_its_fields_types_and_defaults() -> None:
     fields = dataclasses.fields(search.TrialContext)
     assert [(f.name, str(f.type), f.default) for f in fields] == TRIAL_CONTEXT
@@ -174,6 +187,7 @@ def private_imports(path: Path) -> list[str]:
     public = {f"search.{n}" for n in search.__all__} | PUBLIC_MODULES
     public |= {f"search.keras:{n}" for n in KERAS}
     public |= {f"search.hf:{n}" for n in HF}
+    public |= {f"search.lightning:{n}" for n in LIGHTNING}
     return [name for name in search_imports(path) if name not in public]
 
 

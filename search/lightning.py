@@ -1,0 +1,183 @@
+"""A user's Lightning ``trainer.fit`` as a trainable: one ``fit`` call, one yield per epoch.
+
+A trainable builds its own, unchanged ``LightningModule`` (and loaders or a
+``LightningDataModule``) and hands the rest to :func:`fit`::
+
+    import search.lightning
+    from search import trainable
+
+    @trainable(defaults={"lr": 1e-2, "precision": "fp32"})
+    def train(config, data, ctx):
+        module = MyModule(lr=config["lr"])
+        return (yield from search.lightning.fit(
+            module, ctx, train_dataloaders=train_loader, val_dataloaders=val_loader,
+            trainer_kwargs={"precision": config["precision"]},
+        ))                                  # returns the module, for the export hook
+
+**Why a thread.** As in :mod:`search.keras`: ``trainer.fit`` runs once, in a background
+thread, and a last callback's ``on_train_epoch_end`` (in Lightning 2, after the epoch's
+validation) hands ``trainer.callback_metrics`` (as floats) to the generator and waits until
+the generator is asked for the next epoch. Closing the generator (ASHA's prune, the epoch
+budget) sets ``trainer.should_stop``, releases the callback and joins the thread; an
+exception in ``fit`` is raised in the caller. The hand-off is written here in a few lines
+rather than shared with :mod:`search.keras` (whose callback also saves Keras' patience
+counters); data-parallel (DDP) training is not supported: one device per trial.
+
+**Checkpoints.** With ``ctx.checkpoint_dir`` every epoch end writes, before its metrics are
+handed out, ``last.ckpt`` (``trainer.save_checkpoint``: weights, optimizer, loops and
+callbacks); with ``ctx.restore_dir`` the fit resumes from its ``last.ckpt``
+(``ckpt_path=``), at the epoch after the saved one.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import queue
+import threading
+from collections.abc import Generator, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+from search.contract import Metrics, TrialContext, as_metrics
+
+CHECKPOINT_FILE = "last.ckpt"
+PRECISIONS = {"fp32": "32-true", "bf16": "bf16-mixed", "fp16": "16-mixed"}
+"""The built-ins' ``precision`` knob values and Lightning's names for them."""
+_MISSING = "search.lightning needs Lightning: pip install -e '.[lightning]'"
+
+
+def fit(
+    module: Any,
+    ctx: TrialContext,
+    *,
+    datamodule: Any = None,
+    train_dataloaders: Any = None,
+    val_dataloaders: Any = None,
+    trainer_kwargs: Mapping[str, Any] | None = None,
+) -> Generator[Metrics, None, Any]:
+    """Runs ``trainer.fit(module, ...)`` once over the trial's epochs, yielding each.
+
+    The trainer gets ``max_epochs=ctx.max_epochs``, ``logger=False``, no progress bar and no
+    model summary, the CPU unless ``ctx.device`` is ``"cuda"``, then ``trainer_kwargs``
+    (whose ``precision`` may be a knob value, ``"fp32"``, ``"bf16"`` or ``"fp16"``). After
+    the last epoch the generator returns ``module``.
+
+    Yields:
+        Each epoch's ``trainer.callback_metrics`` (``val_loss``, ...), as Python floats.
+
+    Raises:
+        ImportError: When Lightning is not installed (on the call, not the first epoch).
+        TypeError: When ``trainer_kwargs`` sets ``max_epochs`` (the context sets it).
+        Exception: Whatever ``trainer.fit`` raised, in the caller.
+    """
+    if importlib.util.find_spec("lightning") is None:
+        raise ImportError(_MISSING)
+    kwargs = dict(trainer_kwargs or {})
+    if "max_epochs" in kwargs:
+        raise TypeError("search.lightning.fit sets max_epochs from the trial's context")
+    loaders = {
+        "datamodule": datamodule,
+        "train_dataloaders": train_dataloaders,
+        "val_dataloaders": val_dataloaders,
+    }
+    return _fit(module, ctx, kwargs, {k: v for k, v in loaders.items() if v is not None})
+
+
+def trainer_options(ctx: TrialContext, trainer_kwargs: Mapping[str, Any]) -> dict[str, Any]:
+    """The ``lightning.Trainer`` keywords :func:`fit` uses for ``ctx``."""
+    options: dict[str, Any] = {
+        "max_epochs": ctx.max_epochs,
+        "logger": False,
+        "enable_progress_bar": False,
+        "enable_model_summary": False,
+        "enable_checkpointing": False,
+        "accelerator": "gpu" if ctx.device == "cuda" else "cpu",
+        "devices": 1,
+        **trainer_kwargs,
+    }
+    precision = options.get("precision")
+    options["precision"] = PRECISIONS.get(str(precision), precision or "32-true")
+    return options
+
+
+def _fit(
+    module: Any, ctx: TrialContext, kwargs: dict[str, Any], loaders: dict[str, Any]
+) -> Generator[Metrics, None, Any]:
+    import lightning
+
+    handoff = _Handoff(ctx)
+    options = trainer_options(ctx, kwargs)
+    options["callbacks"] = [*options.get("callbacks", []), handoff.callback()]
+    trainer = lightning.Trainer(**options)
+    handoff.trainer = trainer
+    if ctx.restore_dir:
+        loaders["ckpt_path"] = str(Path(ctx.restore_dir) / CHECKPOINT_FILE)
+    name = f"lightning-fit-{ctx.trial_number}"
+    thread = threading.Thread(target=handoff.run, args=(module, loaders), name=name, daemon=True)
+    thread.start()
+    try:
+        yield from handoff.epochs()
+    finally:
+        handoff.stop()
+        thread.join()
+    return module
+
+
+class _Handoff:
+    """The fit thread's callback and the two queues that pass control to and fro."""
+
+    def __init__(self, ctx: TrialContext) -> None:
+        self.ctx = ctx
+        self.trainer: Any = None
+        self.events: queue.Queue[tuple[str, Any]] = queue.Queue()  # fit thread -> caller
+        self.resume: queue.Queue[bool] = queue.Queue()  # caller -> fit thread: go on?
+
+    def callback(self) -> Any:
+        """A ``lightning.Callback`` whose ``on_train_epoch_end`` is :meth:`_epoch_end`."""
+        from lightning import Callback
+
+        handoff = self
+
+        class _EpochHandoff(Callback):
+            def on_train_epoch_end(self, trainer: Any, pl_module: Any) -> None:
+                handoff.epoch_end(trainer)
+
+        return _EpochHandoff()
+
+    def run(self, module: Any, loaders: dict[str, Any]) -> None:
+        """The fit thread: ``trainer.fit``, then ``done`` (or the ``error`` it raised)."""
+        try:
+            self.trainer.fit(module, **loaders)
+        except BaseException as error:  # re-raised in the caller
+            self.events.put(("error", error))
+        else:
+            self.events.put(("done", None))
+
+    def epochs(self) -> Iterator[Metrics]:
+        """The caller's side: each epoch's metrics until ``fit`` returns or raises."""
+        while True:
+            kind, payload = self.events.get()
+            if kind == "error":
+                raise payload
+            if kind == "done":
+                return
+            yield payload
+            self.resume.put(True)
+
+    def stop(self) -> None:
+        """Stops ``fit`` at the next check and releases a waiting epoch end."""
+        if self.trainer is not None:
+            self.trainer.should_stop = True
+        self.resume.put(False)
+
+    def epoch_end(self, trainer: Any) -> None:
+        """Saves ``last.ckpt``, hands the metrics out, waits to be asked for the next."""
+        raw = as_metrics(dict(trainer.callback_metrics))
+        metrics = {k: v for k, v in raw.items() if isinstance(v, float)}
+        if self.ctx.checkpoint_dir:
+            folder = Path(self.ctx.checkpoint_dir)
+            folder.mkdir(parents=True, exist_ok=True)
+            trainer.save_checkpoint(folder / CHECKPOINT_FILE)
+        self.events.put(("epoch", metrics))
+        if not self.resume.get():  # wait, like a generator paused at its yield
+            trainer.should_stop = True
