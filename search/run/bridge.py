@@ -169,6 +169,12 @@ class OptunaBridge(Searcher):
         if trial_id in self._live:
             self._live[trial_id][1].interrupted = cause
 
+    def interrupt_all(self, cause: str) -> None:
+        """Marks every running trial cut short by ``cause`` (SIGTERM to the driver), before
+        Tune stops them: their last results arrive not ``done``, and keep this cause."""
+        for _, record in self._live.values():
+            record.interrupted = cause
+
     def record_error(self, trial_id: str, message: str, traceback: str | None = None) -> None:
         """Called by :class:`ErrorCallback` with the one-line summary of a trial's error and
         the file that holds its traceback."""
