@@ -62,6 +62,10 @@ AddressOpt = Annotated[
 ]
 
 
+STOP_AFTER_SIGTERM_S = 10.0
+"""How long a run SIGTERM stopped waits for Ray's shutdown before it exits without it."""
+
+
 @app.command()
 @one_line_errors
 def run(
@@ -122,7 +126,8 @@ def run(
         source=str(spec),
     )
     summary = run_study(parsed, options)
-    with ray_stopping_behind():  # the results and the report need only the study
+    # the results and the report need only the study
+    with ray_stopping_behind(STOP_AFTER_SIGTERM_S if summary.terminated else None):
         done = load_study(parsed.study, parsed.storage)
         folder = write_results(done, parsed, results)
         print_summary(console, done, summary, folder)
@@ -207,9 +212,10 @@ def dashboard(
 
 
 @contextlib.contextmanager
-def ray_stopping_behind() -> Iterator[None]:
+def ray_stopping_behind(limit_s: float | None = None) -> Iterator[None]:
     """Shuts Ray down in a thread (its processes stop one by one, a second or more) while
-    the body runs, and waits for it at the end.
+    the body runs, and waits for it at the end (at most ``limit_s``: past it, the process
+    exits without waiting for Ray, whose processes SIGTERM to the process group ended).
 
     Ray's objects (an ``ObjectRef``, an actor handle) call into Ray's core when they are
     freed, and one freed while Ray shuts down ends the process at once (exit status 1, "The
@@ -225,7 +231,9 @@ def ray_stopping_behind() -> Iterator[None]:
     try:
         yield
     finally:
-        stopping.join()
+        stopping.join(limit_s)
+        if stopping.is_alive():  # its GCS is gone: Ray would wait 60 s for it, then abort
+            atexit.unregister(ray.shutdown)
         gc.enable()
 
 

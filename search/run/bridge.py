@@ -169,12 +169,6 @@ class OptunaBridge(Searcher):
         if trial_id in self._live:
             self._live[trial_id][1].interrupted = cause
 
-    def interrupt_all(self, cause: str) -> None:
-        """Marks every running trial cut short by ``cause`` (SIGTERM to the driver), before
-        Tune stops them: their last results arrive not ``done``, and keep this cause."""
-        for _, record in self._live.values():
-            record.interrupted = cause
-
     def record_error(self, trial_id: str, message: str, traceback: str | None = None) -> None:
         """Called by :class:`ErrorCallback` with the one-line summary of a trial's error and
         the file that holds its traceback."""
@@ -189,12 +183,13 @@ class OptunaBridge(Searcher):
         if trial_id in self._live:
             self._live[trial_id][1].retries += 1
 
-    def finalize(self, cause: str = "interrupt") -> None:
+    def finalize(self, cause: str = "interrupt", cut: bool = False) -> None:
         """Tells every trial still open its fate: errored, or cut off by ``cause`` (the time
-        limit, or an interrupt) when the study ended."""
+        limit, or an interrupt) when the study ended. ``cut``: ``cause`` overrides what
+        stopped them before (SIGTERM ends the trials a time limit was stopping too)."""
         for trial_id in list(self._live):
             record = self._live[trial_id][1]
-            if not record.errored and not record.interrupted:
+            if not record.errored and (cut or not record.interrupted):
                 record.interrupted = cause
             self._finish(trial_id)
 

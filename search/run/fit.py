@@ -92,11 +92,14 @@ def fit(
     stopper = RunStopper(spec.budget.time_limit_s, bridge.mark_interrupted, lambda: watch.verdict)
     meter = _device_budget(spec, placement, bridge)
     termination = termination or Termination()
-    termination.on_signal = lambda: bridge.interrupt_all(TERMINATED)
+    termination.on_signal = lambda: bridge.finalize(TERMINATED, cut=True)
     tuner = _tuner(spec, options, bridge, placement, data, CombinedStopper(stopper, meter), budget)
     try:
         with termination.watch():  # SIGTERM: as Ctrl-C, its cut trials replaced next run
             tuner.fit()
+    except KeyboardInterrupt:
+        if not termination.received:
+            raise
     finally:
         try:
             cause = "time limit" if stopper.expired else "interrupt"

@@ -1,10 +1,10 @@
 """SIGTERM to the driver, as Kubernetes and Slurm send it, ends a run the way Ctrl-C does.
 
-While Tune runs the trials, :func:`sigterm_as_interrupt` replaces Ray's SIGTERM handler (set by
+While Tune runs the trials, :meth:`Termination.watch` replaces Ray's SIGTERM handler (set by
 ``ray.init``: ``sys.exit`` from wherever the main thread is, with no summary) with one that
-hands the signal to the SIGINT handler Tune has installed, so Tune stops its trials and the
-run ends as after Ctrl-C: every fate written, the summary printed, then exit status 143
-(``128 + SIGTERM``, what a shell reports for a process SIGTERM ended). A trial the signal cut
+settles every running trial at once and leaves Tune's loop, so the run ends as after Ctrl-C:
+every fate written, the summary printed, then exit status 143 (``128 + SIGTERM``, what a
+shell reports for a process SIGTERM ended). A trial the signal cut
 is not the user's doing: it ends FAIL with :data:`search.record.resume.INTERRUPTED` and is
 replaced by the next run of the study, as after ``kill -9`` of the driver.
 """
@@ -24,9 +24,13 @@ EXIT_STATUS = 128 + signal.SIGTERM
 class Termination:
     """Whether the run got SIGTERM; :meth:`watch` handles it meanwhile.
 
+    The handler settles the trials first (``on_signal``), then raises ``KeyboardInterrupt`` in
+    the main thread, out of Tune's loop: it does not wait for Tune to stop its trials, which
+    needs Ray, and Slurm's SIGTERM to the process group ends the local Ray's processes too.
+
     Args:
-        on_signal: Called once, in the main thread, when SIGTERM arrives (before Tune is told);
-            settable after construction.
+        on_signal: Called once, in the main thread, when SIGTERM arrives; settable after
+            construction.
     """
 
     def __init__(self, on_signal: Callable[[], None] = lambda: None) -> None:
