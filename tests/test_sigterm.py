@@ -17,9 +17,6 @@ from search.record.resume import INTERRUPTED
 from search.run.signals import EXIT_STATUS
 from tests.conftest import REPO, base_spec, write_spec
 
-# CLI runs join the session's Ray (tests/conftest.py)
-pytestmark = [pytest.mark.usefixtures("joins_session_ray")]
-
 
 def _driver(spec: Path) -> subprocess.Popen[str]:
     command = [
@@ -50,6 +47,7 @@ def _wait_for_a_running_trial(storage: str, driver: subprocess.Popen[str]) -> No
     pytest.fail("no trial ever ran")
 
 
+@pytest.mark.usefixtures("joins_session_ray")  # the CLI runs join the session's Ray
 def test_sigterm_ends_the_run_like_ctrl_c_and_the_next_run_replaces_its_cut_trials(
     tmp_path: Path,
 ) -> None:
@@ -79,3 +77,33 @@ def test_sigterm_ends_the_run_like_ctrl_c_and_the_next_run_replaces_its_cut_tria
     after = optuna.load_study(study_name="t", storage=data["storage"]).trials
     done = [t for t in after if t.state == TrialState.COMPLETE]
     assert len(done) == 2 and len(after) == 2 + len(cut)  # the budget, the cut ones replaced
+
+
+def test_a_trial_sigterm_cut_is_replaced_and_one_that_finished_or_was_pruned_keeps_its_fate() -> (
+    None
+):
+    from search.record.fate import TERMINATED, TrialRecord
+
+    def record(epochs: int, pruned: bool = False) -> TrialRecord:
+        rec = TrialRecord("acc", 3, interrupted=TERMINATED, pruned=pruned)
+        for epoch in range(1, epochs + 1):
+            rec.add({"acc": 0.5, "training_iteration": epoch})
+        return rec
+
+    assert record(0).fate() == (TrialState.FAIL, None, INTERRUPTED)
+    assert record(2).fate() == (TrialState.FAIL, None, INTERRUPTED)
+    assert record(3).fate()[0] == TrialState.COMPLETE
+    assert record(2, pruned=True).fate()[0] == TrialState.PRUNED
+
+
+def test_sigterm_inside_watch_settles_once_then_interrupts_and_the_old_handler_returns() -> None:
+    from search.run.signals import Termination
+
+    calls: list[int] = []
+    termination = Termination(lambda: calls.append(1))
+    before = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(KeyboardInterrupt), termination.watch():
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5)  # the handler runs here
+    assert termination.received and calls == [1]
+    assert signal.getsignal(signal.SIGTERM) is before
