@@ -47,6 +47,7 @@ def _wait_for_a_running_trial(storage: str, driver: subprocess.Popen[str]) -> No
     pytest.fail("no trial ever ran")
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("joins_session_ray")  # the CLI runs join the session's Ray
 def test_sigterm_ends_the_run_like_ctrl_c_and_the_next_run_replaces_its_cut_trials(
     tmp_path: Path,
