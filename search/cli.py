@@ -62,10 +62,6 @@ AddressOpt = Annotated[
 ]
 
 
-STOP_AFTER_SIGTERM_S = 10.0
-"""How long a run SIGTERM stopped waits for Ray's shutdown before it exits without it."""
-
-
 @app.command()
 @one_line_errors
 def run(
@@ -126,8 +122,7 @@ def run(
         source=str(spec),
     )
     summary = run_study(parsed, options)
-    # the results and the report need only the study
-    with ray_stopping_behind(STOP_AFTER_SIGTERM_S if summary.terminated else None):
+    with ray_stopping_behind():  # the results and the report need only the study
         done = load_study(parsed.study, parsed.storage)
         folder = write_results(done, parsed, results)
         print_summary(console, done, summary, folder)
@@ -212,10 +207,9 @@ def dashboard(
 
 
 @contextlib.contextmanager
-def ray_stopping_behind(limit_s: float | None = None) -> Iterator[None]:
+def ray_stopping_behind() -> Iterator[None]:
     """Shuts Ray down in a thread (its processes stop one by one, a second or more) while
-    the body runs, and waits for it at the end (at most ``limit_s``: past it, the process
-    exits without waiting for Ray, whose processes SIGTERM to the process group ended).
+    the body runs, and waits for it at the end.
 
     Ray's objects (an ``ObjectRef``, an actor handle) call into Ray's core when they are
     freed, and one freed while Ray shuts down ends the process at once (exit status 1, "The
@@ -231,9 +225,7 @@ def ray_stopping_behind(limit_s: float | None = None) -> Iterator[None]:
     try:
         yield
     finally:
-        stopping.join(limit_s)
-        if stopping.is_alive():  # its GCS is gone: Ray would wait 60 s for it, then abort
-            atexit.unregister(ray.shutdown)
+        stopping.join()
         gc.enable()
 
 
