@@ -129,6 +129,7 @@ def run(
     from search.record.study import load_study
     from search.report.console import print_summary
     from search.run.runner import RunOptions, run_study
+    from search.run.signals import EXIT_STATUS
 
     options = RunOptions(
         results_dir=results,
@@ -145,6 +146,12 @@ def run(
         folder = write_results(done, parsed, results)
         print_summary(console, done, summary, folder)
         _report_after_run(done, results)
+    if summary.terminated:  # as a shell reports a process SIGTERM ended (search/run/signals.py)
+        typer.echo(
+            "stopped by SIGTERM; the same command continues the study, its cut trials replaced",
+            err=True,
+        )
+        raise typer.Exit(EXIT_STATUS)
     if summary.stopped_early:
         typer.echo(
             f"error: {summary.stopped_early}; fix it and run again (the run stopped "

@@ -7,6 +7,8 @@ The rules:
     * stopped by the scheduler before the epoch budget -> ``PRUNED``;
     * stopped from outside (``budget.time_limit_s``, Ctrl-C) after some epochs -> ``PRUNED``
       with ``stopped_by``, before its first epoch -> ``FAIL``;
+    * stopped by SIGTERM to the driver (:data:`TERMINATED`) before the epoch budget ->
+      ``FAIL`` with :data:`search.record.resume.INTERRUPTED`: replaced by the next run;
     * trained to the end, or stopped by its own early-stopping rule -> ``COMPLETE`` with the
       metric of its last epoch (every objective's, in a multi-objective study, each of them
       there and finite, or ``FAIL``);
@@ -24,6 +26,7 @@ from typing import Any
 from optuna.trial import TrialState
 
 from search.contract import RESERVED_PREFIX, nonfinite_reason
+from search.record.resume import INTERRUPTED
 
 EPOCH = RESERVED_PREFIX + "epoch"
 DEVICE = RESERVED_PREFIX + "device"
@@ -47,6 +50,8 @@ NO_VALUE = RESERVED_PREFIX + "no_value"
 """Set on a failing result whose objective was missing or not a number (a NaN stands in)."""
 SEED = RESERVED_PREFIX + "seed"
 NUMBER = RESERVED_PREFIX + "trial_number"
+TERMINATED = "SIGTERM"
+"""The ``interrupted`` cause of trials cut by SIGTERM to the driver (search/run/signals.py)."""
 
 
 @dataclass
@@ -64,7 +69,8 @@ class TrialRecord:
     errored: bool = False
     retries: int = 0
     interrupted: str | None = None
-    """What cut the trial short from outside: ``"time limit"`` or ``"interrupt"``."""
+    """What cut the trial short from outside: ``"time limit"``, ``"interrupt"`` or
+    :data:`TERMINATED`."""
     traceback: str | None = None
     """Where the full traceback of its error is (a file on the node that ran it)."""
     log: str | None = None
@@ -124,6 +130,8 @@ class TrialRecord:
         reason = self.last.get(FAIL_REASON) or self.error
         if reason is None and self.errored:
             reason = "the trial raised an error"
+        if reason is None and self._terminated():
+            return TrialState.FAIL, None, INTERRUPTED
         if reason is None and not self.curve:
             reason = (
                 f"ended before its first epoch ({self.interrupted})"
@@ -145,6 +153,10 @@ class TrialRecord:
         if (self.pruned or self.interrupted) and self.epochs < self.max_epochs:
             return TrialState.PRUNED, value, None
         return TrialState.COMPLETE, value, None
+
+    def _terminated(self) -> bool:
+        """Whether SIGTERM cut the trial before its epoch budget and its scheduler's verdict."""
+        return self.interrupted == TERMINATED and not self.pruned and self.epochs < self.max_epochs
 
     def user_attrs(self) -> dict[str, Any]:
         """What the study records about the trial beside its values."""

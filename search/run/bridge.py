@@ -196,12 +196,13 @@ class OptunaBridge(Searcher):
         if trial_id in self._live:
             self._live[trial_id][1].retries += 1
 
-    def finalize(self, cause: str = "interrupt") -> None:
+    def finalize(self, cause: str = "interrupt", cut: bool = False) -> None:
         """Tells every trial still open its fate: errored, or cut off by ``cause`` (the time
-        limit, or an interrupt) when the study ended."""
+        limit, or an interrupt) when the study ended. ``cut``: ``cause`` overrides what
+        stopped them before (SIGTERM ends the trials a time limit was stopping too)."""
         for trial_id in list(self._live):
             record = self._live[trial_id][1]
-            if not record.errored and not record.interrupted:
+            if not record.errored and (cut or not record.interrupted):
                 record.interrupted = cause
             self._finish(trial_id)
 

@@ -24,6 +24,7 @@ from search.compute.gpu_memory import OOM_RETRIES, OomRetry, measure
 from search.compute.job import trial_extras, trial_job
 from search.compute.placement import Placement, resolve
 from search.contract import declarations
+from search.record.fate import TERMINATED
 from search.record.queries import EPOCHS_FILE, append_epochs, objective_curves, read_epochs
 from search.record.resume import earlier_curves
 from search.record.warm import pending_start
@@ -34,6 +35,7 @@ from search.run.cluster import init_ray
 from search.run.moasha import MultiObjectiveASHA
 from search.run.progress import ProgressCallback
 from search.run.scheduler import PruneReportingASHA, build_scheduler
+from search.run.signals import Termination
 from search.run.stopping import FIRST, FailFast, RunStopper
 from search.run.worker import run_trial
 from search.spec.derive import asha_milestones
@@ -54,10 +56,12 @@ def fit(
     run_id: str,
     budget: int,
     data: Dataset,
+    termination: Termination | None = None,
 ) -> tuple[dict[int, str], str | None, tuple[float, float, str] | None]:
     """Runs ``budget`` trials through Ray Tune; returns each one's number and final state, why
     the run stopped early (``None`` when it did not), and the device-hours spent against the
-    spec's device budget (``None`` without one)."""
+    spec's device budget (``None`` without one). ``termination`` records whether SIGTERM
+    stopped the run (:mod:`search.run.signals`)."""
     import optuna
 
     init_ray(options.address)
@@ -87,13 +91,20 @@ def fit(
     )
     stopper = RunStopper(spec.budget.time_limit_s, bridge.mark_interrupted, lambda: watch.verdict)
     meter = _device_budget(spec, placement, bridge)
+    termination = termination or Termination()
+    termination.on_signal = lambda: bridge.finalize(TERMINATED, cut=True)
     tuner = _tuner(spec, options, bridge, placement, data, CombinedStopper(stopper, meter), budget)
     try:
-        tuner.fit()
+        with termination.watch():  # SIGTERM: as Ctrl-C, its cut trials replaced next run
+            tuner.fit()
+    except KeyboardInterrupt:
+        if not termination.received:
+            raise
     finally:
         try:
             cause = "time limit" if stopper.expired else "interrupt"
             cause = BUDGET_CAUSE if meter.exhausted else cause
+            cause = TERMINATED if termination.received else cause
             bridge.finalize("run stopped early" if watch.verdict else cause)
         finally:
             storage.close()

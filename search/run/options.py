@@ -48,3 +48,5 @@ class RunSummary:
     """Why the run stopped before its budget (its first trials all failed alike), if it did."""
     device_hours: tuple[float, float, str] | None = None
     """``(spent, budget, "GPU" or "CPU")`` when the spec has a device-hour budget."""
+    terminated: bool = False
+    """Whether SIGTERM stopped the run (:mod:`search.run.signals`): the CLI exits 143."""

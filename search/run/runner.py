@@ -19,6 +19,7 @@ from search.run.cluster import init_ray
 from search.run.data import load_data
 from search.run.fit import fit
 from search.run.options import RunOptions, RunSummary
+from search.run.signals import Termination
 from search.spec.knobs import check_builtin_knobs, check_knobs
 
 if TYPE_CHECKING:
@@ -54,8 +55,9 @@ def run_study(spec: StudySpec, options: RunOptions = RunOptions()) -> RunSummary
         import_trials(study, spec, options.source)
         recovery = recover(study)
         budget = min(spec.budget.trials, grid_size(spec) or spec.budget.trials) - recovery.counted
+        termination = Termination()
         finished, stopped, hours = (
-            fit(spec, options, study, lease.run_id, budget, loaded)
+            fit(spec, options, study, lease.run_id, budget, loaded, termination)
             if budget > 0
             else ({}, None, None)
         )
@@ -70,6 +72,7 @@ def run_study(spec: StudySpec, options: RunOptions = RunOptions()) -> RunSummary
         states=finished,
         stopped_early=stopped,
         device_hours=hours,
+        terminated=termination.received,
     )
 
 

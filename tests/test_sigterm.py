@@ -1,0 +1,110 @@
+"""SIGTERM to the driver (Kubernetes, Slurm) ends a run as Ctrl-C does, and loses no budget."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import optuna
+import pytest
+from optuna.trial import TrialState
+
+from search.record.resume import INTERRUPTED
+from search.run.signals import EXIT_STATUS
+from tests.conftest import REPO, base_spec, write_spec
+
+
+def _driver(spec: Path) -> subprocess.Popen[str]:
+    command = [
+        sys.executable,
+        "-m",
+        "search",
+        "run",
+        str(spec),
+        "--results",
+        str(spec.parent / "r"),
+    ]
+    return subprocess.Popen(
+        command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        start_new_session=True,
+    )  # fmt: skip
+
+
+def _wait_for_a_running_trial(storage: str, driver: subprocess.Popen[str]) -> None:
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline and driver.poll() is None:
+        time.sleep(0.3)
+        try:
+            trials = optuna.load_study(study_name="t", storage=storage).trials
+        except KeyError:
+            continue
+        if any(t.state == TrialState.RUNNING and t.intermediate_values for t in trials):
+            return
+    pytest.fail("no trial ever ran")
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("joins_session_ray")  # the CLI runs join the session's Ray
+def test_sigterm_ends_the_run_like_ctrl_c_and_the_next_run_replaces_its_cut_trials(
+    tmp_path: Path,
+) -> None:
+    data = base_spec(
+        tmp_path, budget={"trials": 2, "max_epochs": 2}, fixed={"sleep": 1.0},
+        asha={"enabled": False},
+    )  # fmt: skip
+    spec = write_spec(tmp_path / "s.yaml", data)
+    driver = _driver(spec)
+    _wait_for_a_running_trial(data["storage"], driver)
+    os.kill(driver.pid, signal.SIGTERM)
+    out, _ = driver.communicate(timeout=120)
+
+    assert driver.returncode == EXIT_STATUS, out
+    assert out.count("trials this run") == 1, out  # the summary, once
+    assert "SIGTERM received" not in out  # Ray's stack dump of the signal
+    trials = optuna.load_study(study_name="t", storage=data["storage"]).trials
+    assert not [t for t in trials if not t.state.is_finished()]
+    cut = [t for t in trials if t.user_attrs.get("fail_reason") == INTERRUPTED]
+    assert cut and all(t.state == TrialState.FAIL for t in cut)
+
+    again = subprocess.run(
+        [sys.executable, "-m", "search", "run", str(spec), "--results", str(tmp_path / "r")],
+        cwd=REPO, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert again.returncode == 0, again.stdout + again.stderr
+    after = optuna.load_study(study_name="t", storage=data["storage"]).trials
+    done = [t for t in after if t.state == TrialState.COMPLETE]
+    assert len(done) == 2 and len(after) == 2 + len(cut)  # the budget, the cut ones replaced
+
+
+def test_a_trial_sigterm_cut_is_replaced_and_one_that_finished_or_was_pruned_keeps_its_fate() -> (
+    None
+):
+    from search.record.fate import TERMINATED, TrialRecord
+
+    def record(epochs: int, pruned: bool = False) -> TrialRecord:
+        rec = TrialRecord("acc", 3, interrupted=TERMINATED, pruned=pruned)
+        for epoch in range(1, epochs + 1):
+            rec.add({"acc": 0.5, "training_iteration": epoch})
+        return rec
+
+    assert record(0).fate() == (TrialState.FAIL, None, INTERRUPTED)
+    assert record(2).fate() == (TrialState.FAIL, None, INTERRUPTED)
+    assert record(3).fate()[0] == TrialState.COMPLETE
+    assert record(2, pruned=True).fate()[0] == TrialState.PRUNED
+
+
+def test_sigterm_inside_watch_settles_once_then_interrupts_and_the_old_handler_returns() -> None:
+    from search.run.signals import Termination
+
+    calls: list[int] = []
+    termination = Termination(lambda: calls.append(1))
+    before = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(KeyboardInterrupt), termination.watch():
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5)  # the handler runs here
+    assert termination.received and calls == [1]
+    assert signal.getsignal(signal.SIGTERM) is before
