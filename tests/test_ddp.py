@@ -1,8 +1,8 @@
 """Data-parallel trials: several devices train one trial; the study sees one.
 
 ``resources.workers_per_trial: 2`` on a CPU machine forces two gloo workers per PyTorch trial,
-the way ``gpus_per_trial: 2`` gives two NCCL workers on GPUs (:mod:`search.compute.distributed`), and
-a TensorFlow trial's ``MirroredStrategy`` over two logical CPU devices, the way it mirrors over
+the way ``gpus_per_trial: 2`` gives two NCCL workers on GPUs (:mod:`search.compute.distributed`),
+and a TensorFlow trial's ``MirroredStrategy`` over two logical CPU devices, the way it mirrors over
 two GPUs (:mod:`trainables.tf.devices`).
 """
 

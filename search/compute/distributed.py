@@ -157,7 +157,7 @@ def _worker(conn: Connection) -> None:
 
 
 def main() -> None:
-    """Entry point of ``python -m search.compute.distributed`` (started by :func:`data_parallel`)."""
+    """Entry point of ``python -m search.compute.distributed`` (by :func:`data_parallel`)."""
     conn = Connection(int(os.environ[FD_ENV]))
     try:
         _worker(conn)

@@ -60,7 +60,7 @@ def trial_extras(
     it into :class:`TrialContext` fields.
 
     With ``placement``: ``gpu_memory_fraction`` (the cap on the trial's GPU allocator, or
-    None), ``gpu_share``, ``gpu_total_bytes`` and ``replicas`` (see :mod:`search.compute.placement`).
+    None), ``gpu_share``, ``gpu_total_bytes`` and ``replicas`` (:mod:`search.compute.placement`).
     """
     return {
         **(placement.extras() if placement else {}),

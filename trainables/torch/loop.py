@@ -55,7 +55,7 @@ class Fitting:
 
 
 def _distributed() -> bool:
-    """Whether this process is one of several training one trial (see search.compute.distributed)."""
+    """Whether this process is one of several training one trial (search.compute.distributed)."""
     dist = torch.distributed
     return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
 
