@@ -28,13 +28,12 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import queue
 import tempfile
-import threading
-from collections.abc import Generator, Iterator, Mapping
+from collections.abc import Generator, Mapping
 from typing import Any
 
 from search.contract import Metrics, TrialContext, as_metrics
+from search.contract.handoff import Handoff, drive
 
 MISSING = "search.hf needs transformers: pip install -e '.[hf]'"
 SCHEDULERS = {"none": "constant", "cosine": "cosine", "plateau": "reduce_lr_on_plateau"}
@@ -129,24 +128,19 @@ def train(trainer: Any, ctx: TrialContext) -> Generator[Metrics, None, Any]:
     restore = ctx.restore_dir
     resume = get_last_checkpoint(restore) if restore and os.path.isdir(restore) else None
     name = f"hf-train-{ctx.trial_number}"
-    thread = threading.Thread(
-        target=handoff.run, args=(trainer, resume or None), name=name, daemon=True
-    )
-    thread.start()
-    try:
-        yield from handoff.epochs()
-    finally:
-        handoff.stop()
-        thread.join()
+
+    def train_once() -> None:
+        trainer.train(resume_from_checkpoint=resume or None)
+
+    yield from drive(handoff, train_once, name, handoff.stop)
     return trainer.model
 
 
-class _Handoff:
-    """The train thread's callback and the two queues that pass control to and fro."""
+class _Handoff(Handoff):
+    """The train thread's callback, handing out each evaluation after its save."""
 
     def __init__(self) -> None:
-        self.events: queue.Queue[tuple[str, Any]] = queue.Queue()  # train thread -> caller
-        self.resume: queue.Queue[bool] = queue.Queue()  # caller -> train thread: go on?
+        super().__init__()
         self.stopped = False
 
     def callback(self, saves: bool) -> Any:
@@ -160,10 +154,10 @@ class _Handoff:
             def on_evaluate(self, args: Any, state: Any, control: Any, **kw: Any) -> Any:
                 pending.clear()
                 pending.update(_floats(kw.get("metrics") or {}, state.epoch))
-                return control if saves else handoff.hand(control, pending)
+                return control if saves else handoff.hand_over(control, pending)
 
             def on_save(self, args: Any, state: Any, control: Any, **kw: Any) -> Any:
-                return handoff.hand(control, pending) if pending else control
+                return handoff.hand_over(control, pending) if pending else control
 
             def on_step_end(self, args: Any, state: Any, control: Any, **kw: Any) -> Any:
                 control.should_training_stop |= handoff.stopped
@@ -171,38 +165,17 @@ class _Handoff:
 
         return Handoff()
 
-    def hand(self, control: Any, metrics: Metrics) -> Any:
+    def hand_over(self, control: Any, metrics: Metrics) -> Any:
         """Hands ``metrics`` out and waits, like a generator paused at its yield."""
-        self.events.put(("epoch", dict(metrics)))
+        found = dict(metrics)
         metrics.clear()
-        if not self.resume.get():
+        if not self.hand(found):
             control.should_training_stop = True
         return control
 
-    def run(self, trainer: Any, resume: str | None) -> None:
-        """The train thread: ``trainer.train``, then ``done`` (or the ``error`` it raised)."""
-        try:
-            trainer.train(resume_from_checkpoint=resume)
-        except BaseException as error:  # re-raised in the caller
-            self.events.put(("error", error))
-        else:
-            self.events.put(("done", None))
-
-    def epochs(self) -> Iterator[Metrics]:
-        """The caller's side: each epoch's metrics until ``train`` returns or raises."""
-        while True:
-            kind, payload = self.events.get()
-            if kind == "error":
-                raise payload
-            if kind == "done":
-                return
-            yield payload
-            self.resume.put(True)
-
     def stop(self) -> None:
-        """Stops training after its current step and releases a waiting hand-off."""
+        """Stops training after its current step."""
         self.stopped = True
-        self.resume.put(False)
 
 
 def _floats(metrics: Mapping[str, Any], epoch: float | None) -> Metrics:

@@ -46,14 +46,13 @@ requires), sets the counters back after the callbacks' ``on_train_begin``, and c
 from __future__ import annotations
 
 import json
-import queue
-import threading
-from collections.abc import Generator, Iterator, Mapping, Sequence
+from collections.abc import Generator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from search.contract import Metrics, TrainFn, TrialContext, as_metrics, train_to_end
 from search.contract.driver import as_number
+from search.contract.handoff import Handoff, drive
 from search.contract.inputs import graph_tensors, write_inputs
 
 if TYPE_CHECKING:
@@ -114,23 +113,16 @@ def fit(
     kwargs = {"verbose": 0, **fit_kwargs, "callbacks": handoff.callbacks()}
     kwargs.update(epochs=ctx.max_epochs, initial_epoch=ctx.start_epoch - 1)
     name = f"keras-fit-{ctx.trial_number}"
-    thread = threading.Thread(target=handoff.run, args=(args, kwargs), name=name, daemon=True)
-    thread.start()
-    try:
-        yield from handoff.epochs()
-    finally:
-        handoff.stop()
-        thread.join()
+    yield from drive(handoff, lambda: model.fit(*args, **kwargs), name, handoff.stop)
     return model
 
 
-class _Handoff:
-    """The fit thread's callbacks and the two queues that pass control to and fro."""
+class _Handoff(Handoff):
+    """The fit thread's callbacks, saving each epoch's state before handing it out."""
 
     def __init__(self, model: Any, ctx: TrialContext, user_callbacks: list[Any]) -> None:
+        super().__init__()
         self.model, self.ctx, self.user_callbacks = model, ctx, user_callbacks
-        self.events: queue.Queue[tuple[str, Any]] = queue.Queue()  # fit thread -> caller
-        self.resume: queue.Queue[bool] = queue.Queue()  # caller -> fit thread: go on?
 
     def callbacks(self) -> list[Any]:
         """The user's callbacks, then the hand-off (which sees their ``on_epoch_end`` done)."""
@@ -142,37 +134,15 @@ class _Handoff:
         )
         return [*self.user_callbacks, last]
 
-    def run(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        """The fit thread: ``model.fit``, then ``done`` (or the ``error`` it raised)."""
-        try:
-            self.model.fit(*args, **kwargs)
-        except BaseException as error:  # re-raised in the caller
-            self.events.put(("error", error))
-        else:
-            self.events.put(("done", None))
-
-    def epochs(self) -> Iterator[Metrics]:
-        """The caller's side: each epoch's logs until ``fit`` returns or raises."""
-        while True:
-            kind, payload = self.events.get()
-            if kind == "error":
-                raise payload
-            if kind == "done":
-                return
-            yield payload
-            self.resume.put(True)
-
     def stop(self) -> None:
-        """Stops ``fit`` after its current batch and releases a waiting epoch end."""
+        """Stops ``fit`` after its current batch."""
         self.model.stop_training = True
-        self.resume.put(False)
 
     def _epoch_end(self, epoch: int, logs: Mapping[str, Any] | None = None) -> None:
         metrics = {k: v for k, v in as_metrics(logs or {}).items() if isinstance(v, float)}
         if self.ctx.checkpoint_dir:
             self._save(epoch + 1, Path(self.ctx.checkpoint_dir))
-        self.events.put(("epoch", metrics))
-        if not self.resume.get():  # wait, like a generator paused at its yield
+        if not self.hand(metrics):
             self.model.stop_training = True
 
     def _save(self, epoch: int, folder: Path) -> None:

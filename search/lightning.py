@@ -32,13 +32,12 @@ callbacks); with ``ctx.restore_dir`` the fit resumes from its ``last.ckpt``
 from __future__ import annotations
 
 import importlib.util
-import queue
-import threading
-from collections.abc import Generator, Iterator, Mapping
+from collections.abc import Generator, Mapping
 from pathlib import Path
 from typing import Any
 
 from search.contract import Metrics, TrialContext, as_metrics
+from search.contract.handoff import Handoff, drive
 
 CHECKPOINT_FILE = "last.ckpt"
 PRECISIONS = {"fp32": "32-true", "bf16": "bf16-mixed", "fp16": "16-mixed"}
@@ -113,24 +112,17 @@ def _fit(
     if ctx.restore_dir:
         loaders["ckpt_path"] = str(Path(ctx.restore_dir) / CHECKPOINT_FILE)
     name = f"lightning-fit-{ctx.trial_number}"
-    thread = threading.Thread(target=handoff.run, args=(module, loaders), name=name, daemon=True)
-    thread.start()
-    try:
-        yield from handoff.epochs()
-    finally:
-        handoff.stop()
-        thread.join()
+    yield from drive(handoff, lambda: trainer.fit(module, **loaders), name, handoff.stop)
     return module
 
 
-class _Handoff:
-    """The fit thread's callback and the two queues that pass control to and fro."""
+class _Handoff(Handoff):
+    """The fit thread's callback, saving ``last.ckpt`` before handing each epoch out."""
 
     def __init__(self, ctx: TrialContext) -> None:
+        super().__init__()
         self.ctx = ctx
         self.trainer: Any = None
-        self.events: queue.Queue[tuple[str, Any]] = queue.Queue()  # fit thread -> caller
-        self.resume: queue.Queue[bool] = queue.Queue()  # caller -> fit thread: go on?
 
     def callback(self) -> Any:
         """A ``lightning.Callback`` whose ``on_train_epoch_end`` is :meth:`_epoch_end`."""
@@ -144,31 +136,10 @@ class _Handoff:
 
         return _EpochHandoff()
 
-    def run(self, module: Any, loaders: dict[str, Any]) -> None:
-        """The fit thread: ``trainer.fit``, then ``done`` (or the ``error`` it raised)."""
-        try:
-            self.trainer.fit(module, **loaders)
-        except BaseException as error:  # re-raised in the caller
-            self.events.put(("error", error))
-        else:
-            self.events.put(("done", None))
-
-    def epochs(self) -> Iterator[Metrics]:
-        """The caller's side: each epoch's metrics until ``fit`` returns or raises."""
-        while True:
-            kind, payload = self.events.get()
-            if kind == "error":
-                raise payload
-            if kind == "done":
-                return
-            yield payload
-            self.resume.put(True)
-
     def stop(self) -> None:
-        """Stops ``fit`` at the next check and releases a waiting epoch end."""
+        """Stops ``fit`` at the next check."""
         if self.trainer is not None:
             self.trainer.should_stop = True
-        self.resume.put(False)
 
     def epoch_end(self, trainer: Any) -> None:
         """Saves ``last.ckpt``, hands the metrics out, waits to be asked for the next."""
@@ -178,6 +149,5 @@ class _Handoff:
             folder = Path(self.ctx.checkpoint_dir)
             folder.mkdir(parents=True, exist_ok=True)
             trainer.save_checkpoint(folder / CHECKPOINT_FILE)
-        self.events.put(("epoch", metrics))
-        if not self.resume.get():  # wait, like a generator paused at its yield
+        if not self.hand(metrics):
             trainer.should_stop = True
