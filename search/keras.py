@@ -50,6 +50,8 @@ from collections.abc import Generator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from search.contract import Metrics, TrainFn, TrialContext, as_metrics, train_to_end
 from search.contract.driver import as_number
 from search.contract.handoff import Handoff, drive
@@ -310,6 +312,14 @@ def train_and_save(
     model = trained.model
     if len(model.inputs) != 1:
         return found
-    x, y = data.x_val, data.y_val
+    x, y = (_array(data, name) for name in ("x_val", "y_val"))
+    if x is None or y is None:  # a loader's own layout: compared on random inputs only
+        return found | save_onnx(model, out_dir)
     fits = tuple(x.shape[1:]) == tuple(model.inputs[0].shape[1:]) and x.dtype.kind == "f"
     return found | save_onnx(model, out_dir, *((x, y) if fits and len(x) else ()))
+
+
+def _array(data: Any, name: str) -> np.ndarray | None:
+    """``data.name`` of a :class:`Dataset`, or ``data[name]`` of a loader's mapping."""
+    found = data.get(name) if isinstance(data, Mapping) else getattr(data, name, None)
+    return None if found is None else np.asarray(found)
