@@ -97,12 +97,18 @@ def test_a_trial_sigterm_cut_is_replaced_and_one_that_finished_or_was_pruned_kee
     assert record(2, pruned=True).fate()[0] == TrialState.PRUNED
 
 
-def test_sigterm_inside_watch_settles_once_then_interrupts_and_the_old_handler_returns() -> None:
+def test_sigterm_inside_watch_settles_once_then_interrupts_and_the_old_handler_returns(
+    request: pytest.FixtureRequest,
+) -> None:
     from search.run.signals import Termination
 
     calls: list[int] = []
     termination = Termination(lambda: calls.append(1))
     before = signal.getsignal(signal.SIGTERM)
+    # outside Tune: Python's own SIGINT handler (an in-process Tune run earlier in the session
+    # may have left its own, which stops Tune's loop instead of raising)
+    sigint = signal.signal(signal.SIGINT, signal.default_int_handler)
+    request.addfinalizer(lambda: signal.signal(signal.SIGINT, sigint))
     with pytest.raises(KeyboardInterrupt), termination.watch():
         os.kill(os.getpid(), signal.SIGTERM)
         time.sleep(5)  # the handler runs here
