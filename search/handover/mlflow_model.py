@@ -92,8 +92,8 @@ def _log_keras(path: Path, declared: Declared | None) -> Any:
     import mlflow.tensorflow
 
     model = keras.models.load_model(path)
-    sig, ex = (None, None)
+    sig, example = None, None
     if declared is not None:
-        sig, ex = signature(declared.inputs, declared.outputs)
-        ex = next(iter(ex.values())) if len(ex) == 1 else ex
-    return mlflow.tensorflow.log_model(model, name=MODEL_NAME, signature=sig, input_example=ex)
+        sig, examples = signature(declared.inputs, declared.outputs)
+        example = next(iter(examples.values())) if len(examples) == 1 else examples
+    return mlflow.tensorflow.log_model(model, name=MODEL_NAME, signature=sig, input_example=example)
