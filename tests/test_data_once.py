@@ -54,7 +54,9 @@ def test_export_calls_the_loader_once_and_the_card_names_it(
 def test_without_data_the_bundle_says_the_trainable_loads_its_own(
     ray_local: None, tmp_path: Path
 ) -> None:
-    spec, _ = make_study(tmp_path, {0.9: TrialState.COMPLETE}, budget={"trials": 2, "max_epochs": 2})
+    spec, _ = make_study(
+        tmp_path, {0.9: TrialState.COMPLETE}, budget={"trials": 2, "max_epochs": 2}
+    )
     export_study("t", spec.storage, tmp_path / "out", results_dir=tmp_path, top_k=1, seeds=1)
     card = (tmp_path / "out" / "MODEL_CARD.md").read_text()
     assert "Data: loaded by the trainable itself" in card and "digits" not in card
