@@ -36,6 +36,7 @@ from search.run.moasha import MultiObjectiveASHA
 from search.run.progress import ProgressCallback
 from search.run.scheduler import PruneReportingASHA, build_scheduler
 from search.run.signals import Termination
+from search.run.stall import StallWatch
 from search.run.stopping import FIRST, FailFast, RunStopper
 from search.run.worker import run_trial
 from search.spec.derive import asha_milestones
@@ -173,6 +174,7 @@ def _tuner(
             storage_path=str((options.results_dir / "ray").resolve()),
             callbacks=[
                 ErrorCallback(bridge),
+                StallWatch(spec.faults.stall_s, bridge.mark_stalled),
                 *([OomRetry()] if packed else []),
                 *_progress(spec, bridge, options),
                 *options.callbacks,
