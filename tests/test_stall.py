@@ -16,10 +16,13 @@ import pytest
 from optuna.trial import TrialState
 
 from search.errors import SpecError
+from search.record.study import load_study
+from search.run.bridge import OptunaBridge
+from search.run.runner import RunOptions, run_study
 from search.run.stall import FLOOR_S, MULTIPLE, EpochTimes, StallWatch, stall_limit
 from search.spec.derive import incompatible_change
 from search.spec.schema import parse_spec
-from tests.conftest import base_spec, run_spec, write_spec
+from tests.conftest import base_spec
 
 STALL_S = 6.0
 HANG = {"hang_at": 2, "hang_trial": 0}
@@ -32,9 +35,11 @@ def test_auto_limit_is_a_multiple_of_the_median_epoch_with_a_floor() -> None:
     assert stall_limit(4.0, None) == stall_limit(4.0, 30.0) == 4.0  # explicit: as given
 
     times = EpochTimes()
+    assert times.median(first=True) is None and times.median(first=False) is None
+    times.add(20.0, first=True)
+    assert times.median(first=False) == 20.0  # no later epoch yet: the first ones stand in
     for seconds in (1.0, 9.0, 2.0):
         times.add(seconds, first=False)
-    times.add(20.0, first=True)
     assert times.median(first=False) == 2.0 and times.median(first=True) == 20.0
     times.add(3.0, first=False)
     assert times.median(first=False) == 2.5
@@ -75,6 +80,21 @@ def test_the_watch_times_first_epochs_apart_and_stops_a_silent_trial_once() -> N
     assert [tid for tid, _ in stalled] == ["slow", "fast"]
 
 
+def test_the_bridge_records_a_stalled_trial_fail_and_not_as_a_code_error() -> None:
+    study = optuna.create_study(direction="maximize")
+    bridge = OptunaBridge(study, {}, {}, metric="val_accuracy", mode="max", max_epochs=3)
+    bridge.suggest("hung")
+    bridge.on_trial_result("hung", {"val_accuracy": 0.5, "training_iteration": 1})
+    bridge.mark_interrupted("hung", "time limit")  # the deadline came too: the hang says why
+    bridge.mark_stalled("hung", "stalled: no epoch for 7 s (faults.stall_s 6 s)")
+    bridge.on_trial_complete("hung", error=True)  # the kill, as Tune reports it
+    bridge.record_error("hung", "RayActorError: The actor died", "/t/error.txt")
+    outcome = bridge.outcomes["hung"]
+    assert outcome.state == "FAIL" and not outcome.code_error and outcome.traceback is None
+    assert outcome.reason == "stalled: no epoch for 7 s (faults.stall_s 6 s)"
+    assert study.trials[0].user_attrs["fail_reason"] == outcome.reason
+
+
 def test_stall_s_is_validated_in_one_line_and_auto_leaves_the_stored_spec_as_before(
     tmp_path: Path,
 ) -> None:
@@ -93,17 +113,18 @@ def test_stall_s_is_validated_in_one_line_and_auto_leaves_the_stored_spec_as_bef
 
 
 def _hung_run(tmp_path: Path, **budget: Any) -> list[optuna.trial.FrozenTrial]:
-    data = base_spec(
-        tmp_path,
-        budget={"trials": 3, "max_epochs": 3, **budget},
-        asha={"enabled": False},
-        resources={"max_concurrent": 1},  # the next trial needs the hung one's slot
-        faults={"stall_s": STALL_S},
-        fixed=HANG,
+    spec = parse_spec(
+        base_spec(
+            tmp_path,
+            budget={"trials": 3, "max_epochs": 3, **budget},
+            asha={"enabled": False},
+            resources={"max_concurrent": 1},  # the next trial needs the hung one's slot
+            faults={"stall_s": STALL_S},
+            fixed=HANG,
+        )
     )
-    done = run_spec(write_spec(tmp_path / "s.yaml", data), timeout=240)
-    assert done.returncode == 0, done.stdout + done.stderr
-    return optuna.load_study(study_name="t", storage=data["storage"]).trials
+    run_study(spec, RunOptions(results_dir=tmp_path / "results", progress=False))
+    return load_study("t", spec.storage).trials
 
 
 def _assert_stalled(trial: optuna.trial.FrozenTrial) -> None:
@@ -116,8 +137,8 @@ def _assert_stalled(trial: optuna.trial.FrozenTrial) -> None:
 
 
 @pytest.mark.ray
-@pytest.mark.usefixtures("joins_session_ray")
-def test_a_hung_trial_is_stopped_and_the_run_ends(tmp_path: Path) -> None:
+@pytest.mark.timeout(240)  # before the stall rule, this run never ended
+def test_a_hung_trial_is_stopped_and_the_run_ends(ray_local: None, tmp_path: Path) -> None:
     trials = _hung_run(tmp_path)
     assert len(trials) == 3
     _assert_stalled(trials[0])
@@ -125,9 +146,8 @@ def test_a_hung_trial_is_stopped_and_the_run_ends(tmp_path: Path) -> None:
 
 
 @pytest.mark.ray
-@pytest.mark.usefixtures("joins_session_ray")
 def test_with_a_time_limit_the_hung_trial_is_recorded_stalled_not_pruned(
-    tmp_path: Path,
+    ray_local: None, tmp_path: Path
 ) -> None:
     trials = _hung_run(tmp_path, time_limit_s=120)
     assert trials and all(t.state.is_finished() for t in trials)

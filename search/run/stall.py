@@ -46,8 +46,9 @@ class EpochTimes:
         bisect.insort(self.first if first else self.later, seconds)
 
     def median(self, first: bool) -> float | None:
-        """The median time of first (or later) epochs; ``None`` before one was timed."""
-        times = self.first if first else self.later
+        """The median time of first (or later) epochs; ``None`` before one was timed. Before
+        a later epoch was timed, later epochs take the first epochs' (longer, as a rule)."""
+        times = self.first if first or not self.later else self.later
         if not times:
             return None
         middle = len(times) // 2
@@ -120,7 +121,9 @@ class StallWatch(Callback):
         self._since: dict[str, tuple[float, bool]] = {}  # trial id -> (last event, first epoch?)
         self.times = EpochTimes()
 
-    def on_trial_start(self, iteration: int, trials: list[Trial], trial: Trial, **info: Any) -> None:
+    def on_trial_start(
+        self, iteration: int, trials: list[Trial], trial: Trial, **info: Any
+    ) -> None:
         self._since[trial.trial_id] = (self._clock(), True)
 
     def on_trial_result(
@@ -132,7 +135,9 @@ class StallWatch(Callback):
             self.times.add(now - since, first)
             self._since[trial.trial_id] = (now, False)
 
-    def on_trial_complete(self, iteration: int, trials: list[Trial], trial: Trial, **info: Any) -> None:
+    def on_trial_complete(
+        self, iteration: int, trials: list[Trial], trial: Trial, **info: Any
+    ) -> None:
         self._since.pop(trial.trial_id, None)
 
     on_trial_error = on_trial_complete
@@ -148,7 +153,9 @@ class StallWatch(Callback):
             limit = stall_limit(self._stall_s, median)
             if limit is not None and now - since > limit:
                 del self._since[trial.trial_id]
-                self._on_stall(trial.trial_id, stall_reason(now - since, first, self._stall_s, median))
+                self._on_stall(
+                    trial.trial_id, stall_reason(now - since, first, self._stall_s, median)
+                )
                 _kill(trial)
 
 
