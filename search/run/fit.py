@@ -9,6 +9,7 @@ Data flow of one trial: the bridge asks the study for a trial and samples the sp
 Ray starts (or reuses) an actor that runs :func:`search.run.worker.run_trial`; every epoch the
 trainable yields becomes one Tune report; ASHA reads it and may stop the trial; the bridge
 records it as an intermediate value; when the trial ends the bridge tells the study its fate.
+A trial silent for longer than ``faults.stall_s`` is killed as hung (:mod:`search.run.stall`).
 """
 
 from __future__ import annotations

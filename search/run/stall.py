@@ -118,22 +118,23 @@ class StallWatch(Callback):
         self._stall_s = stall_s
         self._on_stall = on_stall
         self._clock = clock
-        self._since: dict[str, tuple[float, bool]] = {}  # trial id -> (last event, first epoch?)
+        # trial id -> (the trial, its last event, whether its first epoch is still to come)
+        self._since: dict[str, tuple[Trial, float, bool]] = {}
         self.times = EpochTimes()
 
     def on_trial_start(
         self, iteration: int, trials: list[Trial], trial: Trial, **info: Any
     ) -> None:
-        self._since[trial.trial_id] = (self._clock(), True)
+        self._since[trial.trial_id] = (trial, self._clock(), True)
 
     def on_trial_result(
         self, iteration: int, trials: list[Trial], trial: Trial, result: dict, **info: Any
     ) -> None:
         if trial.trial_id in self._since:
-            since, first = self._since[trial.trial_id]
+            _, since, first = self._since[trial.trial_id]
             now = self._clock()
             self.times.add(now - since, first)
-            self._since[trial.trial_id] = (now, False)
+            self._since[trial.trial_id] = (trial, now, False)
 
     def on_trial_complete(
         self, iteration: int, trials: list[Trial], trial: Trial, **info: Any
@@ -145,10 +146,9 @@ class StallWatch(Callback):
 
     def on_step_begin(self, iteration: int, trials: list[Trial], **info: Any) -> None:
         now = self._clock()
-        for trial in trials:
-            if trial.status != trial.RUNNING or trial.trial_id not in self._since:
+        for trial, since, first in list(self._since.values()):  # the live ones, not all
+            if trial.status != trial.RUNNING:  # stopped from outside (the time limit)
                 continue
-            since, first = self._since[trial.trial_id]
             median = self.times.median(first)
             limit = stall_limit(self._stall_s, median)
             if limit is not None and now - since > limit:
