@@ -112,13 +112,15 @@ def test_stall_s_is_validated_in_one_line_and_auto_leaves_the_stored_spec_as_bef
     assert incompatible_change(old, parse_spec({**data, "faults": {"stall_s": 5}})) is None
 
 
-def _hung_run(tmp_path: Path, **budget: Any) -> list[optuna.trial.FrozenTrial]:
+def _hung_run(tmp_path: Path, one_slot: bool, **budget: Any) -> list[optuna.trial.FrozenTrial]:
+    """Trial 0 hangs in epoch 2; ``one_slot``: one trial at a time, so the next trial needs the
+    hung one's slot."""
     spec = parse_spec(
         base_spec(
             tmp_path,
             budget={"trials": 3, "max_epochs": 3, **budget},
             asha={"enabled": False},
-            resources={"max_concurrent": 1},  # the next trial needs the hung one's slot
+            resources={"max_concurrent": 1 if one_slot else 2},
             faults={"stall_s": STALL_S},
             fixed=HANG,
         )
@@ -141,7 +143,7 @@ def _assert_stalled(trial: optuna.trial.FrozenTrial) -> None:
 @pytest.mark.ray
 @pytest.mark.timeout(240)  # before the stall rule, this run never ended
 def test_a_hung_trial_is_stopped_and_the_run_ends(ray_local: None, tmp_path: Path) -> None:
-    trials = _hung_run(tmp_path)
+    trials = _hung_run(tmp_path, one_slot=True)
     assert len(trials) == 3
     _assert_stalled(trials[0])
     assert [t.state for t in trials[1:]] == [TrialState.COMPLETE] * 2  # they got its slot
@@ -151,6 +153,6 @@ def test_a_hung_trial_is_stopped_and_the_run_ends(ray_local: None, tmp_path: Pat
 def test_with_a_time_limit_the_hung_trial_is_recorded_stalled_not_pruned(
     ray_local: None, tmp_path: Path
 ) -> None:
-    trials = _hung_run(tmp_path, time_limit_s=120)
+    trials = _hung_run(tmp_path, one_slot=False, time_limit_s=120)
     assert trials and all(t.state.is_finished() for t in trials)
     _assert_stalled(trials[0])
