@@ -4,6 +4,8 @@ Pure code, no Ray and no storage: the bridge feeds Ray's results in, and reads t
 
 The rules:
     * a non-finite metric or loss, or a trial that raised -> ``FAIL`` with the reason;
+    * stopped by the driver as hung (silent past ``faults.stall_s``) -> ``FAIL`` with
+      ``stalled: ...``, whatever else stopped it after;
     * stopped by the scheduler before the epoch budget -> ``PRUNED``;
     * stopped from outside (``budget.time_limit_s``, Ctrl-C) after some epochs -> ``PRUNED``
       with ``stopped_by``, before its first epoch -> ``FAIL``;
@@ -77,6 +79,8 @@ class TrialRecord:
     """Where its stdout and stderr are (a file on the node that ran it)."""
     code_error: bool = False
     """Whether it failed by its code (an error that no retry fixes, a missing metric)."""
+    stalled: str | None = None
+    """Why the driver stopped it as hung (``stalled: no epoch for 62 s ...``)."""
     metrics: dict[int, dict[str, float]] = field(default_factory=dict)
     """Every numeric metric the trainable yielded, per epoch."""
     dropped: set[str] = field(default_factory=set)
@@ -127,7 +131,7 @@ class TrialRecord:
 
     def fate(self) -> tuple[TrialState, float | None, str | None]:
         """The trial's final ``(state, value, fail reason)``."""
-        reason = self.last.get(FAIL_REASON) or self.error
+        reason = self.stalled or self.last.get(FAIL_REASON) or self.error
         if reason is None and self.errored:
             reason = "the trial raised an error"
         if reason is None and self._terminated():

@@ -49,7 +49,7 @@ class Outcome:
         traceback: The file that holds its error's traceback, when it raised.
         log: The file that holds its stdout and stderr.
         code_error: Whether its own code failed it (an error no retry fixes, a missing metric,
-            an error that outlived its retries), as opposed to a NaN or an interrupt.
+            an error that outlived its retries), as opposed to a NaN, a hang or an interrupt.
         metrics: Every numeric metric it yielded, per epoch.
         dropped: The sorted names of the metrics it yielded that were not numbers.
     """
@@ -173,13 +173,20 @@ class OptunaBridge(Searcher):
         if trial_id in self._live:
             self._live[trial_id][1].interrupted = cause
 
+    def mark_stalled(self, trial_id: str, reason: str) -> None:
+        """Called by :class:`search.run.stall.StallWatch` before it kills a hung trial; the
+        kill's error then ends the trial FAIL with ``reason``."""
+        if trial_id in self._live:
+            self._live[trial_id][1].stalled = reason
+
     def record_error(self, trial_id: str, message: str, traceback: str | None = None) -> None:
         """Called by :class:`ErrorCallback` with the one-line summary of a trial's error and
-        the file that holds its traceback."""
+        the file that holds its traceback (none for a hung trial: the error is its kill)."""
         if trial_id in self._live:
             record = self._live[trial_id][1]
             record.error, record.errored = message, True
-            record.traceback = traceback or record.traceback
+            if not record.stalled:
+                record.traceback = traceback or record.traceback
             self._finish(trial_id)
 
     def record_start(self, trial_id: str, log: str) -> None:
@@ -233,7 +240,7 @@ class OptunaBridge(Searcher):
             state.name,
             reason,
             record.traceback,
-            record.code_error or record.errored,
+            (record.code_error or record.errored) and not record.stalled,
             dict(record.metrics),
             tuple(sorted(record.dropped)),
             record.log,

@@ -9,6 +9,7 @@ Data flow of one trial: the bridge asks the study for a trial and samples the sp
 Ray starts (or reuses) an actor that runs :func:`search.run.worker.run_trial`; every epoch the
 trainable yields becomes one Tune report; ASHA reads it and may stop the trial; the bridge
 records it as an intermediate value; when the trial ends the bridge tells the study its fate.
+A trial silent for longer than ``faults.stall_s`` is killed as hung (:mod:`search.run.stall`).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from search.run.moasha import MultiObjectiveASHA
 from search.run.progress import ProgressCallback
 from search.run.scheduler import PruneReportingASHA, build_scheduler
 from search.run.signals import Termination
+from search.run.stall import StallWatch
 from search.run.stopping import FIRST, FailFast, RunStopper
 from search.run.worker import run_trial
 from search.spec.derive import asha_milestones
@@ -173,6 +175,7 @@ def _tuner(
             storage_path=str((options.results_dir / "ray").resolve()),
             callbacks=[
                 ErrorCallback(bridge),
+                StallWatch(spec.faults.stall_s, bridge.mark_stalled),
                 *([OomRetry()] if packed else []),
                 *_progress(spec, bridge, options),
                 *options.callbacks,

@@ -223,11 +223,26 @@ class ResourcesSpec(_Strict):
 
 
 class FaultsSpec(_Strict):
-    """What happens when a trial raises: retried from its last checkpoint, then FAIL."""
+    """What happens when a trial raises (retried from its last checkpoint, then FAIL) or hangs.
+
+    ``stall_s``: seconds without an epoch after which the driver stops a trial as hung (FAIL,
+    not retried). Unset or ``auto``: :func:`search.run.stall.stall_limit` (a multiple of the
+    study's median epoch time, with a floor; no limit until an epoch was timed).
+    """
 
     max_failures: int = Field(2, ge=0)
     checkpoints: bool = True
     checkpoint_every_s: float = Field(30.0, ge=0)
+    stall_s: float | None = None
+
+    @field_validator("stall_s", mode="before")
+    @classmethod
+    def _stall(cls, value: Any) -> Any:
+        if value is None or value == "auto":
+            return None  # auto: left out of the stored spec, as before the field existed
+        if isinstance(value, bool) or not isinstance(value, int | float) or value <= 0:
+            raise ValueError(f"expected a number of seconds > 0 or 'auto', got {value!r}")
+        return float(value)
 
 
 class MlflowExportSpec(_Strict):

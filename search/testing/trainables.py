@@ -33,6 +33,8 @@ def curve(config: Mapping[str, Any], data: Dataset, ctx: TrialContext) -> Iterat
         fail_once_at: Epoch at which the first attempt raises ``RuntimeError``.
         stop_at: Epoch after which it stops on its own (early stopping).
         sleep: Seconds to wait after each epoch.
+        hang_at: Epoch in which the trial hangs (sleeps for good): no result, no error.
+        hang_trial: Only this trial number hangs (default: every trial).
         save_every: Write the state only every this many epochs (1, 1 + n, ...).
         latency: Yield it as ``latency_ms`` each epoch (a cost objective).
         trace_dir, wait_for, oom_below_share: see :func:`_traced` (placement tests).
@@ -49,6 +51,10 @@ def curve(config: Mapping[str, Any], data: Dataset, ctx: TrialContext) -> Iterat
             raise ValueError(f"synthetic failure at epoch {epoch}")
         if config.get("fail_once_at") == epoch and ctx.restore_dir is None:
             raise RuntimeError(f"transient failure at epoch {epoch}")
+        if config.get("hang_at") == epoch and config.get("hang_trial", ctx.trial_number) == (
+            ctx.trial_number
+        ):
+            time.sleep(10**6)  # a deadlock, a stuck data loader: silence, no error
         accuracy = quality * (1.0 - 0.5**epoch)
         loss = 1.0 - accuracy
         if float(config.get("lr", 0.0)) > 1.0 and epoch >= 2:
