@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import importlib
 import importlib.util
+import inspect
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final, Literal
@@ -122,6 +123,8 @@ class Declarations:
         defaults: Knob -> default, or ``None`` when the trainable declares none.
         data_parallel: How one trial trains on several devices (``None``: one replica).
         export: The export hook, or ``None``.
+        declared: Whether ``train`` carries the :func:`~search.contract.declare.trainable`
+            decorator (a plain function does not).
     """
 
     name: str
@@ -129,6 +132,18 @@ class Declarations:
     defaults: Mapping[str, Any] | None = None
     data_parallel: ParallelMode = None
     export: ExportFn | None = None
+    declared: bool = False
+
+    @property
+    def is_generator(self) -> bool:
+        """Whether ``train`` is a generator function, looked for under any
+        ``functools.wraps`` wrapper (a trainable yields one dict per epoch).
+
+        Example:
+            >>> declarations("search.testing:curve").is_generator
+            True
+        """
+        return inspect.isgeneratorfunction(inspect.unwrap(self.train))
 
 
 def _parallel_mode(declared: Any) -> ParallelMode:
@@ -185,4 +200,5 @@ def declarations(name: str) -> Declarations:
         defaults=found.defaults,
         data_parallel=_parallel_mode(found.data_parallel),
         export=found.export,
+        declared=True,
     )

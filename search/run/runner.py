@@ -20,7 +20,7 @@ from search.run.data import load_data
 from search.run.fit import fit
 from search.run.options import RunOptions, RunSummary
 from search.run.signals import Termination
-from search.spec.knobs import check_builtin_knobs, check_knobs
+from search.spec.knobs import check_builtin_knobs, check_user_trainable
 
 if TYPE_CHECKING:
     import optuna
@@ -88,12 +88,13 @@ def _forget_if_new(study: optuna.Study) -> None:
 def _open(
     spec: StudySpec, options: RunOptions, knobs: bool = True
 ) -> tuple[optuna.Study, StudyLease]:
-    """Checks the spec's knobs against the trainable (unless ``knobs`` is False: checked
-    already), then opens the study and takes its lease (:mod:`search.record.lease`). The check
-    imports a user's trainable module, and its framework (seconds for PyTorch or TensorFlow); a
+    """Checks the spec's knobs against the trainable and that it is a generator (unless
+    ``knobs`` is False: a built-in, checked already), then opens the study and takes its
+    lease (:mod:`search.record.lease`). The check imports a user's trainable module, and its
+    framework (seconds for PyTorch or TensorFlow; the CLI's preflight imported it already); a
     misspelled knob stops here, before the study exists."""
     if knobs:
-        check_knobs(spec, options.source)
+        check_user_trainable(spec, options.source)
     if spec.warm_start is not None:
         earlier_study(spec, options.source)  # a missing one stops the run before the study
     study = open_study(spec, restart=options.restart, source=options.source)
