@@ -84,7 +84,7 @@ def export_pareto(
         )
     cands = candidates(study, top_k=sys.maxsize)  # the whole front
     out = Path(out_dir) if out_dir else results_dir / study_name / "export" / PARETO_DIR
-    session = open_session(study, spec, storage, seeds, address, log, start)
+    session = open_session(study, spec, storage, seeds, address, log, start, cands[0])
     log(f"Pareto front of {study_name!r}: {len(cands)} point(s)")
     out.mkdir(parents=True, exist_ok=True)
     runs, rows = confirm_candidates(session, cands)
