@@ -74,10 +74,10 @@ class FailFast:
 
 
 def unread_message(
-    source: str, trainable: str, unread: Sequence[str], missed: Sequence[str]
+    source: str, trainable: str, unread: Sequence[str], known: Sequence[str]
 ) -> str:
-    """The one line for space keys a trainable never read; a key it asked for in vain
-    (``missed``) close to one is suggested.
+    """The one line for space keys a trainable never read; the closest of ``known`` (the keys
+    it asked for in vain, and those it read) to each is suggested.
 
     Example:
         >>> unread_message("spaces/x.yaml", "mod:fn", ["alpah"], ["alpha"])
@@ -86,7 +86,7 @@ def unread_message(
         "s.yaml: space keys 'a', 'zz' are never read by trainable m:f (remove them, or give \
 them a when: if only some configs read them)"
     """
-    hints = [difflib.get_close_matches(key, missed, n=1) for key in unread]
+    hints = [difflib.get_close_matches(key, known, n=1) for key in unread]
     names = ", ".join(repr(key) for key in unread)
     told = "space key " + names + " is" if len(unread) == 1 else "space keys " + names + " are"
     line = f"{source}: {told} never read by trainable {trainable}"
@@ -128,7 +128,10 @@ class UnreadKeys:
         self._done = True
         unread = [key for key in outcome.unread if key in self._space]
         if unread:
-            self.verdict = unread_message(self._source, self._trainable, unread, outcome.missed)
+            read = sorted(self._space - set(outcome.unread))
+            self.verdict = unread_message(
+                self._source, self._trainable, unread, [*outcome.missed, *read]
+            )
 
 
 class RunStopper(Stopper):
