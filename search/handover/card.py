@@ -372,8 +372,8 @@ hyperparameter study `{spec.study}` ({summary.trials} trials), confirmed with
 
 2. The top {len(rows)} distinct COMPLETE configs were trained again at the full budget with the
    seeds {", ".join(map(str, seeds))} (no search trial used them), as study
-   `{metrics["confirm_study"]}` in the same storage. The config with the fewest failed runs
-   and then the best mean won:
+   `{metrics["confirm_study"]}` in `{metrics.get("confirm_storage", "the study's storage")}`.
+   The config with the fewest failed runs and then the best mean won:
 
 {chr(10).join(table)}
 

@@ -90,6 +90,7 @@ def fit(
         listeners=[watch, unread, lambda done: append_epochs(table, done.number, done.metrics)],
         start=pending_start(study, spec),
     )
+
     def verdict() -> str | None:
         return watch.verdict or unread.verdict
 

@@ -73,9 +73,7 @@ class FailFast:
             )
 
 
-def unread_message(
-    source: str, trainable: str, unread: Sequence[str], known: Sequence[str]
-) -> str:
+def unread_message(source: str, trainable: str, unread: Sequence[str], known: Sequence[str]) -> str:
     """The one line for space keys a trainable never read; the closest of ``known`` (the keys
     it asked for in vain, and those it read) to each is suggested.
 
