@@ -41,7 +41,8 @@ def run_study(spec: StudySpec, options: RunOptions = RunOptions()) -> RunSummary
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     start = time.monotonic()
     # A built-in's knobs (checked by the CLI's preflight too, in a millisecond) stop a
-    # misspelled one before Ray starts; a user trainable's are checked while Ray starts.
+    # misspelled one before Ray starts; a user trainable's are checked while Ray starts
+    # (the CLI's preflight checked them before, and imported the trainable).
     builtin = check_builtin_knobs(spec, options.source)
     study, lease, data = _open_while_ray_starts(spec, options, knobs=not builtin)
     try:

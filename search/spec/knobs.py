@@ -4,8 +4,9 @@ A misspelled knob (``lrr``) would otherwise fail every trial of the study, one b
 trainable declared with ``@trainable(defaults=...)`` (every built-in is) declares its knobs;
 user trainables without them are not checked. A built-in's knobs are read from a
 framework-free table (:data:`search.contract.registry.BUILTIN_KNOBS`); a user's trainable is
-imported, which costs its framework's import once in the driver (1.3 s for PyTorch here, more
-while Ray starts beside it), never at ``--help``.
+imported, which costs its framework's import once in the driver (before Ray starts in the
+CLI's preflight, :func:`check_user_trainable`, which also refuses a function that returns
+instead of yielding), never at ``--help``.
 """
 
 from __future__ import annotations
