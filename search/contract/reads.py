@@ -15,8 +15,11 @@ into cannot be followed, and a key is never called unread when the trainable may
 
 from __future__ import annotations
 
-from collections.abc import ItemsView, Iterator, KeysView, ValuesView
-from typing import Any
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from _collections_abc import dict_items, dict_keys, dict_values
 
 
 class ReadConfig(dict[str, Any]):
@@ -78,15 +81,15 @@ class ReadConfig(dict[str, Any]):
         self._all()
         return super().__iter__()
 
-    def keys(self) -> KeysView[Any]:
+    def keys(self) -> dict_keys[str, Any]:
         self._all()
         return super().keys()
 
-    def items(self) -> ItemsView[Any, Any]:
+    def items(self) -> dict_items[str, Any]:
         self._all()
         return super().items()
 
-    def values(self) -> ValuesView[Any]:
+    def values(self) -> dict_values[str, Any]:
         self._all()
         return super().values()
 

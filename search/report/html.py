@@ -343,7 +343,7 @@ def confirmation(study: optuna.Study, results_dir: Path) -> optuna.Study | None:
 
     name = study.study_name + CONFIRM_SUFFIX
     apart = Path(results_dir) / study.study_name / CONFIRM_FILE
-    places = [confirm_storage(results_dir, study.study_name)] if apart.exists() else []
+    places: list[Any] = [confirm_storage(results_dir, study.study_name)] if apart.exists() else []
     for storage in [*places, study._storage]:
         if name in optuna.get_all_study_names(storage):
             return optuna.load_study(study_name=name, storage=storage)

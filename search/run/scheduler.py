@@ -87,7 +87,7 @@ class PruneReportingASHA(AsyncHyperBandScheduler):
         objective, a diverged one): the trial ends with it, so it is no rung value. Recorded,
         such values left rungs of NaN only, on which NumPy's ``nanpercentile`` warns
         "All-NaN slice encountered" (and they never moved a cutoff)."""
-        value = result.get(self._metric)
+        value = result.get(self._metric or "")
         return isinstance(value, float) and not math.isfinite(value)
 
     def on_trial_complete(self, tune_controller: Any, trial: Trial, result: dict) -> None:
