@@ -135,15 +135,23 @@ class Declarations:
     declared: bool = False
 
     @property
-    def is_generator(self) -> bool:
-        """Whether ``train`` is a generator function, looked for under any
-        ``functools.wraps`` wrapper (a trainable yields one dict per epoch).
+    def returns(self) -> bool:
+        """Whether ``train`` is a plain function, not a generator function (looked for under
+        any ``functools.wraps`` wrapper and ``functools.partial``): it returns where a
+        trainable yields one dict per epoch. ``False`` for other callables (an object with a
+        ``__call__``), which only a trial can tell.
 
         Example:
-            >>> declarations("search.testing:curve").is_generator
+            >>> declarations("search.testing:curve").returns
+            False
+            >>> declarations("search.testing:returns_dict").returns
             True
         """
-        return inspect.isgeneratorfunction(inspect.unwrap(self.train))
+        fn = inspect.unwrap(self.train)
+        while isinstance(fn, functools.partial):
+            fn = inspect.unwrap(fn.func)
+        fn = getattr(fn, "__func__", fn)  # a bound method
+        return inspect.isfunction(fn) and not inspect.isgeneratorfunction(fn)
 
 
 def _parallel_mode(declared: Any) -> ParallelMode:

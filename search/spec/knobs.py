@@ -76,7 +76,7 @@ def check_user_trainable(spec: StudySpec, source: str = "spec") -> None:
         search.spec.knobs.KnobError: s.yaml: trainable `search.testing:returns_dict` must yield ...
     """
     check_knobs(spec, source)
-    if not declarations(spec.trainable).is_generator:
+    if declarations(spec.trainable).returns:
         raise KnobError(
             f"{source}: trainable `{spec.trainable}` must yield one dict of metrics per epoch "
             "(a generator); it returns instead"
