@@ -28,7 +28,7 @@ from optuna.trial import TrialState, create_trial
 from search.contract import TrialContext, declarations
 from search.handover.confirm import ROLE
 from search.handover.export import TOLERANCE, export_study
-from search.record.study import CONFIRM_SUFFIX, open_study, record_spec
+from search.record.study import CONFIRM_SUFFIX, confirm_storage, open_study, record_spec
 from search.spec.schema import load_spec, parse_spec
 from tests.conftest import REPO, base_spec
 from tests.test_cli import _cli
@@ -117,7 +117,9 @@ def test_confirmation_is_recorded_apart_and_picks_the_best_mean(
     expected = 0.9 * (1 - 0.5**4)
     assert result.chosen.mean == pytest.approx(expected) and result.chosen.std == 0.0
     assert len(study.trials) == len(values)  # the search study is left alone
-    confirm = optuna.load_study(study_name="t" + CONFIRM_SUFFIX, storage=spec.storage)
+    confirm = optuna.load_study(
+        study_name="t" + CONFIRM_SUFFIX, storage=confirm_storage(tmp_path, "t")
+    )
     assert len(confirm.trials) == 4 and confirm.user_attrs["source_study"] == "t"
     for t in confirm.trials:
         assert t.state == TrialState.COMPLETE

@@ -33,13 +33,6 @@ EXPECTED = {
         "KeyError: 'learning_rate' (not retried: it fails the same way every time)",
         [],
     ),
-    "returns_dict": (
-        "FAIL",
-        "ConfigError: the trainable returned a dict instead of yielding one per epoch: write "
-        "`yield {...}` inside the epoch loop (a trainable is a generator) (not retried: it "
-        "fails the same way every time)",
-        [],
-    ),
     "yields_list": (
         "FAIL",
         "ConfigError: the trainable yielded a list at epoch 1; yield one dict of metrics per "

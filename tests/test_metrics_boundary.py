@@ -131,6 +131,7 @@ def test_a_run_with_tensor_and_odd_side_metrics_completes_every_trial(tmp_path: 
         study="side",
         trainable="search.testing:side_metrics",
         budget={"trials": 2, "max_epochs": 2},
+        space={},  # side_metrics reads no knob: a space key would stop the run (never read)
         asha={"enabled": False},
         faults={"max_failures": 2},
     )

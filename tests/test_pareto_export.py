@@ -26,7 +26,13 @@ from search.handover.pareto import export_pareto
 from search.handover.pick import pick_trial
 from search.handover.train import ExportError
 from search.record.queries import pareto_trials
-from search.record.study import CONFIRM_SUFFIX, load_study, open_study, record_spec
+from search.record.study import (
+    CONFIRM_SUFFIX,
+    confirm_storage,
+    load_study,
+    open_study,
+    record_spec,
+)
 from search.report.artifacts import attached
 from search.run.runner import RunOptions, run_study
 from search.spec.schema import parse_spec
@@ -145,7 +151,9 @@ def test_pareto_writes_a_bundle_per_point_and_an_index(
     assert (tmp_path / "p" / "pareto.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     cards = attached(study)  # each point's card beside its trial, for optuna-dashboard
     assert all("MODEL_CARD.md" in cards[t._trial_id] for t in front.values())
-    confirm = optuna.load_study(study_name="mo" + CONFIRM_SUFFIX, storage=spec.storage)
+    confirm = optuna.load_study(
+        study_name="mo" + CONFIRM_SUFFIX, storage=confirm_storage(tmp_path, "mo")
+    )
     assert len(confirm.trials) >= 2 * len(front)
     assert any(line.startswith(f"confirm {2 * len(front):>2}/") for line in lines)
     trained = _cli("train", str(tmp_path / "p" / f"trial-{rows[0]['trial']}" / "config.yaml"))

@@ -10,15 +10,18 @@ export hooks, which also need the model the trainable returns.
 
 from __future__ import annotations
 
+import contextvars
 import dataclasses
+import inspect
 import math
 import numbers
-from collections.abc import Generator, Iterable, Mapping, Sequence
+from collections.abc import Callable, Generator, Iterable, Mapping, Sequence
 from contextlib import closing
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, NoReturn, cast
 
 from search.contract.context import ConfigError, Metrics, TrainFn, TrialContext
+from search.errors import SearchError
 
 if TYPE_CHECKING:
     from search.contract.dataset import Dataset
@@ -221,6 +224,81 @@ class Trained:
     epochs: int
 
 
+class NoModelError(SearchError, RuntimeError):
+    """The trainable's generator returned ``None``: an export hook has no model to save."""
+
+
+def no_model(train: Any) -> str:
+    """The one line for a trainable that returned no model.
+
+    Example:
+        >>> from search.testing import curve
+        >>> no_model(curve).split(": end it")[0]
+        'trainable search.testing.trainables:curve returned no model'
+    """
+    fn = inspect.unwrap(train)
+    name = f"{getattr(fn, '__module__', '?')}:{getattr(fn, '__qualname__', fn)}"
+    return f"trainable {name} returned no model: end it with `return model` so export can save it"
+
+
+_PROBING: contextvars.ContextVar[bool] = contextvars.ContextVar("probing", default=False)
+"""Set while :func:`returns_model` runs an export hook: :func:`train_to_end` trains nothing."""
+
+
+class _Probed(BaseException):
+    """What :func:`train_to_end` raises while probing: whether the trainable returned a
+    model. A ``BaseException``, so a hook's ``except Exception`` lets it through."""
+
+    def __init__(self, returned: bool | None) -> None:
+        super().__init__(returned)
+        self.returned = returned
+
+
+def returns_model(
+    export: Callable[..., Any], config: Mapping[str, Any], data: Any, ctx: TrialContext, out: Any
+) -> bool | None:
+    """Whether ``export``'s trainable ends with a model, known before anything trains.
+
+    The hook runs with ``max_epochs=0``; when it calls :func:`train_to_end`, the trainable's
+    generator runs to its ``return`` without an epoch (its loop is empty) and the hook stops
+    there. ``None`` when nothing is known: the hook does not call :func:`train_to_end` (it
+    needs no returned model), fails before, or the trainable yields with no epoch to train.
+
+    Example:
+        >>> def train(config, data, ctx):
+        ...     for epoch in range(ctx.start_epoch, ctx.max_epochs + 1):
+        ...         yield {"loss": 1 / epoch}
+        >>> def export(config, data, ctx, out_dir):
+        ...     return train_to_end(train, config, data, ctx).metrics
+        >>> returns_model(export, {}, None, TrialContext(max_epochs=5), None)
+        False
+    """
+    token = _PROBING.set(True)
+    try:
+        export(config, data, dataclasses.replace(ctx, max_epochs=0), out)
+    except _Probed as probed:
+        return probed.returned
+    except Exception:
+        return None
+    finally:
+        _PROBING.reset(token)
+    return None
+
+
+def _probe(train: TrainFn, config: Mapping[str, Any], data: Any, ctx: TrialContext) -> NoReturn:
+    """:func:`train_to_end` while probing: runs the generator to its ``return`` and raises
+    :class:`_Probed` with whether it returned something (``None`` when it yielded an epoch
+    all the same: nothing is known)."""
+    epochs = cast(Generator[Any, None, Any], train(config, data, ctx))
+    try:
+        next(epochs)
+    except StopIteration as stop:
+        raise _Probed(stop.value is not None) from None
+    finally:
+        epochs.close()
+    raise _Probed(None)
+
+
 def train_to_end(
     train: TrainFn, config: Mapping[str, Any], data: Dataset, ctx: TrialContext
 ) -> Trained:
@@ -231,7 +309,8 @@ def train_to_end(
     a list. Checkpointing is off: an export trains in one go.
 
     Raises:
-        RuntimeError: When the trainable returned nothing (``None``).
+        NoModelError: When the trainable returned nothing (``None``): one line.
+        RuntimeError: When training failed (a non-finite metric).
 
     Example:
         >>> def train(config, data, ctx):
@@ -243,6 +322,8 @@ def train_to_end(
         ('the model', {'loss': 0.5}, 2)
     """
     run_ctx = dataclasses.replace(ctx, checkpoint_dir=None, restore_dir=None, start_epoch=1)
+    if _PROBING.get():
+        _probe(train, config, data, run_ctx)
     returned: list[Any] = []
 
     def keep_return() -> Generator[Mapping[str, Any], None, None]:
@@ -262,8 +343,5 @@ def train_to_end(
     if failed:
         raise RuntimeError(f"training failed: {failed}")
     if not returned or returned[0] is None:
-        raise RuntimeError(
-            f"the trainable {getattr(train, '__qualname__', train)!r} returned no model: end "
-            "its generator with `return model` after its last epoch"
-        )
+        raise NoModelError(no_model(train))
     return Trained(returned[0], last, epochs)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import functools
 import importlib
 import importlib.util
+import inspect
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final, Literal
@@ -122,6 +123,8 @@ class Declarations:
         defaults: Knob -> default, or ``None`` when the trainable declares none.
         data_parallel: How one trial trains on several devices (``None``: one replica).
         export: The export hook, or ``None``.
+        declared: Whether ``train`` carries the :func:`~search.contract.declare.trainable`
+            decorator (a plain function does not).
     """
 
     name: str
@@ -129,6 +132,26 @@ class Declarations:
     defaults: Mapping[str, Any] | None = None
     data_parallel: ParallelMode = None
     export: ExportFn | None = None
+    declared: bool = False
+
+    @property
+    def returns(self) -> bool:
+        """Whether ``train`` is a plain function, not a generator function (looked for under
+        any ``functools.wraps`` wrapper and ``functools.partial``): it returns where a
+        trainable yields one dict per epoch. ``False`` for other callables (an object with a
+        ``__call__``), which only a trial can tell.
+
+        Example:
+            >>> declarations("search.testing:curve").returns
+            False
+            >>> declarations("search.testing:returns_dict").returns
+            True
+        """
+        fn = inspect.unwrap(self.train)
+        while isinstance(fn, functools.partial):
+            fn = inspect.unwrap(fn.func)
+        fn = getattr(fn, "__func__", fn)  # a bound method
+        return inspect.isfunction(fn) and not inspect.isgeneratorfunction(fn)
 
 
 def _parallel_mode(declared: Any) -> ParallelMode:
@@ -185,4 +208,5 @@ def declarations(name: str) -> Declarations:
         defaults=found.defaults,
         data_parallel=_parallel_mode(found.data_parallel),
         export=found.export,
+        declared=True,
     )

@@ -24,6 +24,7 @@ from search.handover.candidates import resolved_config
 from search.handover.confirm import ConfirmRun, Row, median_seed
 from search.handover.train import Log, train_spec
 from search.record.storage import redact
+from search.record.study import CONFIRM_FILE
 from search.spec.derive import one_trial_spec
 from search.spec.schema import parse_spec
 
@@ -196,6 +197,7 @@ def _metrics(
         found["objectives"] = [{"metric": o.metric, "mode": o.mode} for o in spec.objectives]
     return found | {
         "confirm_study": session.confirm.study_name,
+        "confirm_storage": f"{session.study.study_name}/{CONFIRM_FILE}",  # under --results
         "seeds": session.seeds,
         "max_epochs": spec.budget.max_epochs,
         "chosen": {"source_trial": chosen.source_trial, "seed": seed, "config": dict(config)},

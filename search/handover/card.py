@@ -18,6 +18,7 @@ from search.contract.inputs import INPUTS_FILE, Declared, InputsError, read_inpu
 from search.errors import one_line
 from search.handover.lineage import lineage_lines
 from search.report.html import summarize
+from search.report.pngs import legend
 
 if TYPE_CHECKING:
     import optuna
@@ -145,8 +146,7 @@ def learning_curves(
         ylabel=metric,
     )
     left.grid(alpha=0.3)
-    if runs:
-        left.legend(fontsize=8)
+    legend(left, fontsize=8)
     epochs = range(1, len(history) + 1)
     for key, style in (("train_loss", "--"), ("val_loss", "-")):
         if any(key in row for row in history):
@@ -159,9 +159,8 @@ def learning_curves(
             epochs, [row.get(metric, math.nan) for row in history], color="green", label=metric
         )
         twin.set_ylabel(metric)
-        twin.legend(loc="center right", fontsize=8)
-    if history:
-        right.legend(loc="upper right", fontsize=8)
+        legend(twin, loc="center right", fontsize=8)
+    legend(right, loc="upper right", fontsize=8)  # none when the model yields no loss
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
@@ -375,8 +374,8 @@ hyperparameter study `{spec.study}` ({summary.trials} trials), confirmed with
 
 2. The top {len(rows)} distinct COMPLETE configs were trained again at the full budget with the
    seeds {", ".join(map(str, seeds))} (no search trial used them), as study
-   `{metrics["confirm_study"]}` in the same storage. The config with the fewest failed runs
-   and then the best mean won:
+   `{metrics["confirm_study"]}` in `{metrics.get("confirm_storage", "the study's storage")}`.
+   The config with the fewest failed runs and then the best mean won:
 
 {chr(10).join(table)}
 

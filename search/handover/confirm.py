@@ -7,7 +7,7 @@
    for every candidate, none of them a seed the search used), as plain ``ray.remote`` tasks
    with one trial's resources, at most ``resources.max_concurrent`` at once (search trials
    already had their chance to be lucky; new seeds measure the config, not the draw). Every
-   run is recorded in the study ``<study>-confirm`` of the same storage, with its
+   run is recorded in the study ``<study>-confirm`` of ``results/<study>/confirm.db``, with its
    intermediate values and the user attributes ``role: confirmation``, ``source_trial``,
    ``seed``, ``export_run``; the search study itself is left alone, so its sampler and
    ``best_trial`` see search trials only. The confirmation study has one objective, the
@@ -29,13 +29,14 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from search.errors import one_line
 from search.handover.candidates import Candidate, resolved_config
 from search.handover.train import Log, train_once
 from search.record.storage import open_storage, redact
-from search.record.study import CONFIRM_SUFFIX
+from search.record.study import CONFIRM_SUFFIX, confirm_storage
 from search.run.cluster import init_ray
 from search.spec.schema import parse_spec
 
@@ -186,13 +187,15 @@ def record_run(
     )
 
 
-def confirm_study(study: optuna.Study, storage: str) -> optuna.Study:
-    """The study ``<study>-confirm`` in the same storage, created when missing."""
+def confirm_study(study: optuna.Study, results_dir: Path) -> optuna.Study:
+    """The study ``<study>-confirm`` in ``<results_dir>/<study>/confirm.db``, created when
+    missing: a storage apart from the search's, so that optuna-dashboard on the search's
+    storage lists the user's studies only (:data:`search.record.study.CONFIRM_FILE`)."""
     import optuna
 
     confirm = optuna.create_study(
         study_name=study.study_name + CONFIRM_SUFFIX,
-        storage=open_storage(storage),
+        storage=open_storage(confirm_storage(results_dir, study.study_name)),
         direction=study.directions[0],  # the primary objective; every metric is in final_metrics
         load_if_exists=True,
     )

@@ -6,7 +6,8 @@
    :mod:`search.handover.confirm`): the top ``K`` COMPLETE trials on the primary objective
    (with several objectives: of the Pareto front), each trained again with ``S`` fresh seeds
    as Ray tasks with one trial's resources (:func:`with_placement`), recorded in the study
-   ``<study>-confirm``; the candidate with the fewest failed runs, then the best mean, wins.
+   ``<study>-confirm`` of ``results/<study>/confirm.db``; the candidate with the fewest
+   failed runs, then the best mean, wins.
    ``--pick "latency_ms<5"`` (:mod:`search.handover.pick`) replaces the top ``K`` by the one
    trial the constraints choose.
 4. **Final model** (:mod:`search.handover.train`): the chosen config is trained once more, in
@@ -45,6 +46,7 @@ from search.handover.candidates import (
     as_candidate,
     candidates,
     confirmation_seeds,
+    resolved_config,
     stored_spec,
 )
 from search.handover.confirm import (
@@ -55,7 +57,7 @@ from search.handover.confirm import (
     run_confirmation,
 )
 from search.handover.pick import parse_constraints, pick_trial
-from search.handover.train import ExportError, Log, no_hook
+from search.handover.train import ExportError, Log, check_returns_model, no_hook
 from search.record.study import load_study
 from search.report.artifacts import attach_file
 from search.run.cluster import init_ray
@@ -104,20 +106,25 @@ def with_placement(spec: StudySpec) -> StudySpec:
 def open_session(
     study: optuna.Study,
     spec: StudySpec,
-    storage: str,
+    results_dir: Path,
     seeds: int,
     address: str | None,
     log: Log,
     start: float,
+    first: Candidate,
 ) -> Session:
-    """Refuses a trainable without an export hook, then starts Ray and loads the data."""
+    """Refuses a trainable without an export hook, loads the data and refuses a trainable
+    that returns no model its hook could save (tried on ``first``'s config), then starts Ray.
+    """
     if declarations(spec.trainable).export is None:
         raise ExportError(no_hook(spec.trainable))
+    data = load_data(spec.data)
+    check_returns_model(spec, resolved_config(spec, first.params), data)
     init_ray(address)
     spec = with_placement(spec)
-    confirm = confirm_study(study, storage)
+    confirm = confirm_study(study, results_dir)
     seed_list = confirmation_seeds(spec, seeds)
-    return Session(study, spec, seed_list, confirm, load_data(spec.data), address, log, start)
+    return Session(study, spec, seed_list, confirm, data, address, log, start)
 
 
 def confirm_candidates(
@@ -162,7 +169,7 @@ def export_study(
     spec = stored_spec(study, storage)
     cands = _choose(study, spec, top_k, pick, log)
     out = Path(out_dir) if out_dir else results_dir / study_name / "export"
-    session = open_session(study, spec, storage, seeds, address, log, start)
+    session = open_session(study, spec, results_dir, seeds, address, log, start, cands[0])
     out.mkdir(parents=True, exist_ok=True)
     runs, rows = confirm_candidates(session, cands)
     if not rows[0].ok:

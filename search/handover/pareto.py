@@ -7,7 +7,7 @@ not one winner; which trade-off to ship is the user's call, made on confirmed nu
 1. **Candidates**: every COMPLETE trial on the search's Pareto front
    (:func:`search.record.queries.pareto_trials`), duplicates of the same parameters dropped.
 2. **Confirmation**: the same runs as a plain export (``S`` fresh seeds each, Ray tasks,
-   recorded in ``<study>-confirm``), all points at once.
+   recorded in ``<study>-confirm`` of ``results/<study>/confirm.db``), all points at once.
 3. **Bundles**: each point whose confirmation did not fail entirely is trained once more and
    written as the plain export writes its bundle (:func:`search.handover.bundle.write_bundle`),
    in ``trial-<N>/`` (``N``: the search trial); its ``config.yaml`` names the study
@@ -84,7 +84,7 @@ def export_pareto(
         )
     cands = candidates(study, top_k=sys.maxsize)  # the whole front
     out = Path(out_dir) if out_dir else results_dir / study_name / "export" / PARETO_DIR
-    session = open_session(study, spec, storage, seeds, address, log, start)
+    session = open_session(study, spec, results_dir, seeds, address, log, start, cands[0])
     log(f"Pareto front of {study_name!r}: {len(cands)} point(s)")
     out.mkdir(parents=True, exist_ok=True)
     runs, rows = confirm_candidates(session, cands)

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from search.record.pareto import pareto_front
+from search.report.pngs import legend
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -168,7 +169,7 @@ def plot(path: Path, session: Session, points: Sequence[ParetoPoint]) -> None:
         rest = ", ".join(o.metric for o in objectives[2:])
         note = f"{len(objectives)} objectives: the first two shown; {rest} in PARETO.md"
         fig.text(0.01, 0.01, note, fontsize=8)
-    ax.legend(loc="best", fontsize=8)
+    legend(ax, loc="best", fontsize=8)
     fig.tight_layout(rect=(0.0, 0.03 if len(objectives) > 2 else 0.0, 1.0, 1.0))
     fig.savefig(path, dpi=110)
     plt.close(fig)

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from search.compute.job import PROFILE, trial_context, trial_job
 from search.contract import Epoch, declarations, drive, nonfinite_reason
+from search.contract.driver import no_model, returns_model
 from search.errors import SearchError
 from search.run.data import load_data
 
@@ -161,6 +162,26 @@ def export_model(
     final = export(config, data, ctx, out_dir)
     reason = nonfinite_reason(final, len(history)) if final else "no epoch trained"
     return final, reason
+
+
+def check_returns_model(spec: StudySpec, config: Mapping[str, Any], data: Dataset) -> None:
+    """Refuses, before any confirmation run, a trainable whose export hook needs the model
+    (it calls :func:`search.train_to_end`) and whose generator returns none: the hook runs
+    once with no epoch to train, on the CPU, into a folder that is then deleted
+    (:func:`search.contract.driver.returns_model`).
+
+    Raises:
+        ExportError: ``trainable mod:fn returned no model: end it with `return model` ...``.
+    """
+    found = declarations(spec.trainable)
+    if found.export is None:
+        return
+    with tempfile.TemporaryDirectory(prefix="search-probe-") as folder:
+        ctx = trial_context(
+            trial_job(spec, data), seed=0, trial_dir=folder, extras={PROFILE: False}
+        )
+        if returns_model(found.export, config, data, ctx, Path(folder)) is False:
+            raise ExportError(no_model(found.train))
 
 
 def epoch_line(epoch: int, metrics: Mapping[str, float], spec: StudySpec) -> str:

@@ -50,6 +50,12 @@ LIMITS = RESERVED_PREFIX + "limits"
 flattens a dict in a result into one key per entry."""
 NO_VALUE = RESERVED_PREFIX + "no_value"
 """Set on a failing result whose objective was missing or not a number (a NaN stands in)."""
+UNREAD = RESERVED_PREFIX + "unread"
+"""The config keys a plain-function trainable has not read so far (``[]`` after a bulk read;
+absent for a declared trainable, whose knobs are checked before the run): see
+:mod:`search.contract.reads`."""
+MISSED = RESERVED_PREFIX + "missed"
+"""The keys that trainable asked its config for and the config did not hold."""
 SEED = RESERVED_PREFIX + "seed"
 NUMBER = RESERVED_PREFIX + "trial_number"
 TERMINATED = "SIGTERM"
@@ -85,6 +91,10 @@ class TrialRecord:
     """Every numeric metric the trainable yielded, per epoch."""
     dropped: set[str] = field(default_factory=set)
     """The metrics it yielded that were not numbers, over all its epochs."""
+    unread: tuple[str, ...] | None = None
+    """The config keys it had not read at its last report (``None``: not watched)."""
+    missed: tuple[str, ...] = ()
+    """The keys it asked for that its config did not hold."""
 
     def add(self, result: Mapping[str, Any]) -> tuple[int, float] | None:
         """Takes one reported result; returns ``(epoch, value)`` if it is a new epoch."""
@@ -92,6 +102,9 @@ class TrialRecord:
         self.log = result.get(LOG) or self.log
         self.code_error = bool(result.get(CODE_ERROR)) or self.code_error
         self.dropped.update(str(name) for name in result.get(DROPPED) or ())
+        if UNREAD in result:
+            self.unread = tuple(result[UNREAD] or ())
+            self.missed = tuple(result.get(MISSED) or ())
         if result.get(NO_VALUE):
             self.last = dict(result)
             return None

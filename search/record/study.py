@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import warnings
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 import optuna
@@ -23,6 +24,20 @@ first ran it (:func:`search.record.samplers.describe`)."""
 
 CONFIRM_SUFFIX = "-confirm"
 """The confirmation runs of study ``X`` are the trials of study ``X-confirm``."""
+CONFIRM_FILE = "confirm.db"
+"""Where they are: ``<results>/<X>/confirm.db``, a SQLite storage apart from the study's.
+optuna-dashboard lists every study of the storage it serves, flat (0.21: no grouping by name
+or attribute); kept apart, the confirmation studies no longer sit beside the user's."""
+
+
+def confirm_storage(results_dir: Path, study_name: str) -> str:
+    """The URL of the storage of ``study_name``'s confirmation runs (:data:`CONFIRM_FILE`).
+
+    Example:
+        >>> confirm_storage(Path("/r"), "cnn")
+        'sqlite:////r/cnn/confirm.db'
+    """
+    return f"sqlite:///{(Path(results_dir) / study_name / CONFIRM_FILE).resolve()}"
 
 
 class StudyNotFoundError(SearchError):

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from search.record.queries import EPOCHS_FILE, best_trial, objective_names, pareto_trials
-from search.record.study import CONFIRM_SUFFIX
+from search.record.study import CONFIRM_FILE, CONFIRM_SUFFIX, confirm_storage
 from search.report.figures import (
     FIGURES,
     curve_trials,
@@ -328,15 +328,23 @@ def report_study(
     study: optuna.Study, results_dir: Path = Path("results"), pngs: bool = True
 ) -> Path:
     """The page of ``report`` and of the end of ``run``: :func:`write_report` of ``study``,
-    with the confirmation runs of ``<study>-confirm`` when there is one. ``run`` leaves the
-    PNGs out (its exit waits for the report; ``report`` draws them)."""
+    with the confirmation runs of ``<study>-confirm`` when there is one (:func:`confirmation`).
+    ``run`` leaves the PNGs out (its exit waits for the report; ``report`` draws them)."""
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    confirm_name = study.study_name + CONFIRM_SUFFIX
-    confirm = (
-        optuna.load_study(study_name=confirm_name, storage=study._storage)
-        if confirm_name in optuna.get_all_study_names(study._storage)
-        else None
-    )
-    return write_report(study, results_dir, confirm, pngs)
+    return write_report(study, results_dir, confirmation(study, results_dir), pngs)
+
+
+def confirmation(study: optuna.Study, results_dir: Path) -> optuna.Study | None:
+    """The study ``<study>-confirm`` of ``<results>/<study>/confirm.db``, or of the study's
+    own storage (where exports before that file recorded it), or ``None``."""
+    import optuna
+
+    name = study.study_name + CONFIRM_SUFFIX
+    apart = Path(results_dir) / study.study_name / CONFIRM_FILE
+    places: list[Any] = [confirm_storage(results_dir, study.study_name)] if apart.exists() else []
+    for storage in [*places, study._storage]:
+        if name in optuna.get_all_study_names(storage):
+            return optuna.load_study(study_name=name, storage=storage)
+    return None

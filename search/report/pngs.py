@@ -80,6 +80,28 @@ def _draw(study: optuna.Study, folder: Path) -> None:
     write_pngs(study, folder)  # the reasons for missing figures are in the page already
 
 
+def legend(ax: Any, **options: Any) -> None:
+    """``ax.legend(**options)`` when ``ax`` holds a labelled artist: matplotlib warns "No
+    artists with labels found to put in legend" otherwise (a figure of unlabelled lines).
+
+    Example:
+        >>> import matplotlib
+        >>> matplotlib.use("Agg")
+        >>> import matplotlib.pyplot as plt
+        >>> fig, ax = plt.subplots()
+        >>> _ = ax.axvline(1.0)
+        >>> legend(ax); ax.get_legend() is None
+        True
+        >>> _ = ax.plot([1, 2], label="val_loss")
+        >>> legend(ax); ax.get_legend() is not None
+        True
+        >>> plt.close(fig)
+    """
+    handles, _ = ax.get_legend_handles_labels()
+    if handles:
+        ax.legend(**options)
+
+
 def _png_learning_curves(study: optuna.Study) -> Any:
     from optuna.visualization.matplotlib import plot_intermediate_values
 
@@ -114,7 +136,8 @@ def _png_learning_curves(study: optuna.Study) -> Any:
     ax.set_ylabel(spec_of(study).get("objective", {}).get("metric", "value"))
     ax.set_title("Learning curves: complete solid, pruned grey dotted, failed red" + note)
     if 1 < len(ax.get_lines()) <= LEGEND_LIMIT:
-        ax.legend(
+        legend(
+            ax,
             bbox_to_anchor=(1.02, 1),
             loc="upper left",
             fontsize=7,

@@ -52,6 +52,9 @@ class Outcome:
             an error that outlived its retries), as opposed to a NaN, a hang or an interrupt.
         metrics: Every numeric metric it yielded, per epoch.
         dropped: The sorted names of the metrics it yielded that were not numbers.
+        unread: The config keys its trainable never read (``None``: not watched; see
+            :mod:`search.contract.reads`).
+        missed: The keys its trainable asked for that its config did not hold.
     """
 
     number: int
@@ -62,6 +65,8 @@ class Outcome:
     metrics: dict[int, dict[str, float]] = field(default_factory=dict)
     dropped: tuple[str, ...] = ()
     log: str | None = None
+    unread: tuple[str, ...] | None = None
+    missed: tuple[str, ...] = ()
 
 
 class OptunaBridge(Searcher):
@@ -244,6 +249,8 @@ class OptunaBridge(Searcher):
             dict(record.metrics),
             tuple(sorted(record.dropped)),
             record.log,
+            record.unread,
+            record.missed,
         )
         self.outcomes[trial_id] = outcome
         for listener in self._listeners:

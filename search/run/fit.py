@@ -38,7 +38,7 @@ from search.run.progress import ProgressCallback
 from search.run.scheduler import PruneReportingASHA, build_scheduler
 from search.run.signals import Termination
 from search.run.stall import StallWatch
-from search.run.stopping import FIRST, FailFast, RunStopper
+from search.run.stopping import FIRST, FailFast, RunStopper, UnreadKeys
 from search.run.worker import run_trial
 from search.spec.derive import asha_milestones
 
@@ -77,6 +77,7 @@ def fit(
     if options.progress and placement.note:
         print(placement.note, file=sys.stderr)
     watch = FailFast(min(FIRST, budget))
+    unread = UnreadKeys(spec.space, spec.trainable, options.source)
     table = options.results_dir / spec.study / EPOCHS_FILE
     bridge = OptunaBridge(
         study,
@@ -88,10 +89,14 @@ def fit(
         objectives=[o.metric for o in spec.objectives[1:]],
         seed=spec.sampler.seed or 0,
         run_id=run_id,
-        listeners=[watch, lambda done: append_epochs(table, done.number, done.metrics)],
+        listeners=[watch, unread, lambda done: append_epochs(table, done.number, done.metrics)],
         start=pending_start(study, spec),
     )
-    stopper = RunStopper(spec.budget.time_limit_s, bridge.mark_interrupted, lambda: watch.verdict)
+
+    def verdict() -> str | None:
+        return watch.verdict or unread.verdict
+
+    stopper = RunStopper(spec.budget.time_limit_s, bridge.mark_interrupted, verdict)
     meter = _device_budget(spec, placement, bridge)
     termination = termination or Termination()
     termination.on_signal = lambda: bridge.finalize(TERMINATED, cut=True)
@@ -107,11 +112,11 @@ def fit(
             cause = "time limit" if stopper.expired else "interrupt"
             cause = BUDGET_CAUSE if meter.exhausted else cause
             cause = TERMINATED if termination.received else cause
-            bridge.finalize("run stopped early" if watch.verdict else cause)
+            bridge.finalize("run stopped early" if verdict() else cause)
         finally:
             storage.close()
     hours = (meter.spent_hours, meter.hours, meter.unit) if meter.hours else None
-    return dict(bridge.finished.values()), watch.verdict, hours
+    return dict(bridge.finished.values()), verdict(), hours
 
 
 def _device_budget(spec: StudySpec, placement: Placement, bridge: OptunaBridge) -> DeviceBudget:

@@ -27,7 +27,7 @@ from search.errors import SearchError
 from search.record.storage import expand, redact, with_driver
 from search.run.cluster import init_ray, use_cluster_token
 from search.run.data import DataError, loader_function
-from search.spec.knobs import check_builtin_knobs
+from search.spec.knobs import check_builtin_knobs, check_user_trainable
 
 if TYPE_CHECKING:
     from search.spec.schema import StudySpec
@@ -263,9 +263,11 @@ def check_run(
 ) -> None:
     """The checks ``run`` makes before it starts Ray; joins the cluster when ``address`` is
     given (so a refused token also fails here, in one line). A built-in's knobs are checked
-    here, which imports nothing; a user trainable's while Ray starts
-    (:func:`search.run.runner.run_study`), since that check imports its module."""
-    check_builtin_knobs(spec, source)
+    here, which imports nothing; a user's trainable is imported here, before Ray starts, and
+    its knobs and shape checked (a function that returns instead of yielding), so that such a
+    mistake costs no Ray start (:func:`search.spec.knobs.check_user_trainable`)."""
+    if not check_builtin_knobs(spec, source):
+        check_user_trainable(spec, source)
     check_data(spec, data_field)
     check_storage(spec.storage, storage_field)
     check_ray_address(address)

@@ -20,7 +20,7 @@ from search.run.data import load_data, share
 from search.run.fit import fit
 from search.run.options import RunOptions, RunSummary
 from search.run.signals import Termination
-from search.spec.knobs import check_builtin_knobs, check_knobs
+from search.spec.knobs import check_builtin_knobs, check_user_trainable
 
 if TYPE_CHECKING:
     import optuna
@@ -41,7 +41,8 @@ def run_study(spec: StudySpec, options: RunOptions = RunOptions()) -> RunSummary
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     start = time.monotonic()
     # A built-in's knobs (checked by the CLI's preflight too, in a millisecond) stop a
-    # misspelled one before Ray starts; a user trainable's are checked while Ray starts.
+    # misspelled one before Ray starts; a user trainable's are checked while Ray starts
+    # (the CLI's preflight checked them before, and imported the trainable).
     builtin = check_builtin_knobs(spec, options.source)
     study, lease, data = _open_while_ray_starts(spec, options, knobs=not builtin)
     try:
@@ -89,12 +90,13 @@ def _forget_if_new(study: optuna.Study) -> None:
 def _open(
     spec: StudySpec, options: RunOptions, knobs: bool = True
 ) -> tuple[optuna.Study, StudyLease]:
-    """Checks the spec's knobs against the trainable (unless ``knobs`` is False: checked
-    already), then opens the study and takes its lease (:mod:`search.record.lease`). The check
-    imports a user's trainable module, and its framework (seconds for PyTorch or TensorFlow); a
+    """Checks the spec's knobs against the trainable and that it is a generator (unless
+    ``knobs`` is False: a built-in, checked already), then opens the study and takes its
+    lease (:mod:`search.record.lease`). The check imports a user's trainable module, and its
+    framework (seconds for PyTorch or TensorFlow; the CLI's preflight imported it already); a
     misspelled knob stops here, before the study exists."""
     if knobs:
-        check_knobs(spec, options.source)
+        check_user_trainable(spec, options.source)
     if spec.warm_start is not None:
         earlier_study(spec, options.source)  # a missing one stops the run before the study
     study = open_study(spec, restart=options.restart, source=options.source)

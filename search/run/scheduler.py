@@ -53,6 +53,11 @@ class PruneReportingASHA(AsyncHyperBandScheduler):
         >>> asha.on_trial_result(None, T(trial_id="a"), {"epoch": 2, "acc": 0.2})  # now behind
         a
         'STOP'
+        >>> asha.on_trial_add(None, T(trial_id="c"))
+        >>> asha.on_trial_result(None, T(trial_id="c"), {"epoch": 1, "acc": float("nan")})
+        'CONTINUE'
+        >>> "c" in asha._brackets[0]._rungs[-1][1]  # a failing epoch is no rung value
+        False
     """
 
     def __init__(
@@ -77,7 +82,23 @@ class PruneReportingASHA(AsyncHyperBandScheduler):
                         restored += 1
         return restored
 
+    def _failing(self, result: Mapping[str, Any]) -> bool:
+        """Whether ``result`` is a failing epoch (the worker's NaN stand-in for a missing
+        objective, a diverged one): the trial ends with it, so it is no rung value. Recorded,
+        such values left rungs of NaN only, on which NumPy's ``nanpercentile`` warns
+        "All-NaN slice encountered" (and they never moved a cutoff)."""
+        value = result.get(self._metric or "")
+        return isinstance(value, float) and not math.isfinite(value)
+
+    def on_trial_complete(self, tune_controller: Any, trial: Trial, result: dict) -> None:
+        if self._failing(result):
+            self._trial_info.pop(trial.trial_id, None)
+            return
+        super().on_trial_complete(tune_controller, trial, result)
+
     def on_trial_result(self, tune_controller: Any, trial: Trial, result: dict) -> str:
+        if self._failing(result):
+            return TrialScheduler.CONTINUE
         decision = super().on_trial_result(tune_controller, trial, result)
         if decision == TrialScheduler.CONTINUE and self._recheck and self._behind(trial, result):
             decision = TrialScheduler.STOP

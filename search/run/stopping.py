@@ -4,13 +4,22 @@ A typo in a space key (``KeyError: 'alpah'``) or a metric name fails every trial
 spend the whole budget on it, the run stops once the first :data:`FIRST` trials all failed by
 their code with the same reason, and says so in one line with the traceback's path. NaN
 losses do not count: on an unstable space they are an answer, not a bug.
+
+A typo that fails nothing is caught too: a plain function that reads ``config.get("alpha",
+0.1)`` while the space names ``alpah`` trains every trial on the default, and the study
+searches a knob that changes nothing. :class:`UnreadKeys` stops the run once the first trial
+that trained has ended, when a space key was never read in the whole trial
+(:mod:`search.contract.reads`): every further trial would spend budget on it. A key read only
+for some configs (``momentum`` with ``optimizer: sgd``) is stopped too when that first trial
+did not read it: the space should say so with ``when:``, or Optuna samples it for nothing.
 """
 
 from __future__ import annotations
 
+import difflib
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ray.tune.stopper import Stopper
@@ -61,6 +70,65 @@ class FailFast:
             self.verdict = (
                 f"the first {self._first} trials failed the same way: "
                 f"{self._seen[0].reason}" + (f" (traceback: {where})" if where else "")
+            )
+
+
+def unread_message(source: str, trainable: str, unread: Sequence[str], known: Sequence[str]) -> str:
+    """The one line for space keys a trainable never read; the closest of ``known`` (the keys
+    it asked for in vain, and those it read) to each is suggested.
+
+    Example:
+        >>> unread_message("spaces/x.yaml", "mod:fn", ["alpah"], ["alpha"])
+        "spaces/x.yaml: space key 'alpah' is never read by trainable mod:fn (did you mean 'alpha'?)"
+        >>> unread_message("s.yaml", "m:f", ["a", "zz"], [])
+        "s.yaml: space keys 'a', 'zz' are never read by trainable m:f (remove them, or give \
+them a when: if only some configs read them)"
+    """
+    hints = [difflib.get_close_matches(key, known, n=1) for key in unread]
+    names = ", ".join(repr(key) for key in unread)
+    told = "space key " + names + " is" if len(unread) == 1 else "space keys " + names + " are"
+    line = f"{source}: {told} never read by trainable {trainable}"
+    meant = [repr(match[0]) for match in hints if match]
+    if meant:
+        return f"{line} (did you mean {', '.join(meant)}?)"
+    them = "it" if len(unread) == 1 else "them"
+    return f"{line} (remove {them}, or give {them} a when: if only some configs read {them})"
+
+
+class UnreadKeys:
+    """Watches the first trial that trained to its end, pruned or not (a bridge listener);
+    :attr:`verdict` names the space keys it never read (module docstring).
+
+    Args:
+        space: The space's keys (``fixed`` keys cost no search, and are not watched).
+        trainable: The spec's trainable, for the message.
+        source: The spec file, for the message.
+
+    Example:
+        >>> from search.run.bridge import Outcome
+        >>> watch = UnreadKeys(["alpah", "lr"], "mod:fn", "x.yaml")
+        >>> watch(Outcome(0, "FAIL", "KeyError: 'x'", unread=("alpah", "lr")))  # not a whole trial
+        >>> watch(Outcome(1, "PRUNED", unread=("alpah",), missed=("alpha",)))
+        >>> watch.verdict
+        "x.yaml: space key 'alpah' is never read by trainable mod:fn (did you mean 'alpha'?)"
+    """
+
+    def __init__(self, space: Collection[str], trainable: str, source: str) -> None:
+        self._space = set(space)
+        self._trainable = trainable
+        self._source = source
+        self._done = False
+        self.verdict: str | None = None
+
+    def __call__(self, outcome: Outcome) -> None:
+        if self._done or outcome.unread is None or outcome.state not in ("COMPLETE", "PRUNED"):
+            return
+        self._done = True
+        unread = [key for key in outcome.unread if key in self._space]
+        if unread:
+            read = sorted(self._space - set(outcome.unread))
+            self.verdict = unread_message(
+                self._source, self._trainable, unread, [*outcome.missed, *read]
             )
 
 

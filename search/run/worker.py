@@ -27,6 +27,7 @@ from search.compute.job import TrialJob, trial_context
 from search.compute.limits import apply_limits
 from search.compute.placement import share_extras
 from search.contract import RESERVED_PREFIX, ConfigError, TrialContext, declarations, drive
+from search.contract.reads import ReadConfig
 from search.record.fate import (
     CODE_ERROR,
     DEVICE,
@@ -36,12 +37,14 @@ from search.record.fate import (
     LIMITS,
     LOG,
     METRIC_KEYS,
+    MISSED,
     NO_VALUE,
     NODE,
     NUMBER,
     REPLICAS,
     SEED,
     TRACEBACK,
+    UNREAD,
     error_summary,
 )
 from search.run.output import captured
@@ -190,12 +193,12 @@ def _code_error(exc: BaseException, ctx: TrialContext) -> dict[str, Any]:
 def run_trial(config: dict[str, Any], job: TrialJob, data: Dataset) -> None:
     """The Ray Tune function trainable: one ``tune.report`` per epoch the trainable yields,
     the trial's stdout and stderr captured into ``output.log`` in its folder."""
-    train = declarations(job.trainable).train  # imports its module (and its framework)
+    found = declarations(job.trainable)  # imports its module (and its framework)
     device, node = _placement()
     ctx = _context(config, job, device)
     with captured(_log_dir(ctx)) as log:
         where = {DEVICE: device, NODE: node, **({LOG: str(log)} if log else {})}
-        _run(train, config, job, data, ctx, where)
+        _run(found.train, config, job, data, ctx, where, watch_reads=not found.declared)
 
 
 def _run(
@@ -205,18 +208,22 @@ def _run(
     data: Dataset,
     ctx: TrialContext,
     where: dict[str, Any],
+    watch_reads: bool = False,
 ) -> None:
-    """Drives one attempt of the trial; ``where`` goes into every report."""
+    """Drives one attempt of the trial; ``where`` goes into every report. ``watch_reads``
+    (a plain function's trial, in one process): each report also says which config keys
+    it has not read yet (:mod:`search.contract.reads`)."""
     from ray import tune
 
     if ctx.checkpoint_dir:  # the attempt starts: its first checkpoint comes every_s later
         _SAVED[ctx.checkpoint_dir] = ((), time.monotonic())
     limits = apply_limits(ctx)
     params = {k: v for k, v in config.items() if not k.startswith(RESERVED_PREFIX)}
+    reads = ReadConfig(params) if watch_reads and job.workers == 1 else None
     if job.workers > 1:
         epochs = data_parallel(job.trainable, params, data, ctx, job.workers)
     else:
-        epochs = train(params, data, ctx)
+        epochs = train(params if reads is None else reads, data, ctx)
     planned = job.workers * int(job.extras.get("replicas") or 1)
     last = ctx.start_epoch - 1
     try:
@@ -233,6 +240,8 @@ def _run(
                 }
                 if epoch.dropped:
                     report[DROPPED] = list(epoch.dropped)
+                if reads is not None:
+                    report.update({UNREAD: reads.unread(), MISSED: reads.missed()})
                 if epoch.fail_reason:
                     report.update(_failed(job.metric, epoch.metrics, epoch.fail_reason))
                 checkpoint = (

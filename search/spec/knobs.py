@@ -4,8 +4,9 @@ A misspelled knob (``lrr``) would otherwise fail every trial of the study, one b
 trainable declared with ``@trainable(defaults=...)`` (every built-in is) declares its knobs;
 user trainables without them are not checked. A built-in's knobs are read from a
 framework-free table (:data:`search.contract.registry.BUILTIN_KNOBS`); a user's trainable is
-imported, which costs its framework's import once in the driver (1.3 s for PyTorch here, more
-while Ray starts beside it), never at ``--help``.
+imported, which costs its framework's import once in the driver (before Ray starts in the
+CLI's preflight, :func:`check_user_trainable`, which also refuses a function that returns
+instead of yielding), never at ``--help``.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from search.contract import BUILTIN_KNOBS, UnknownTrainableError, declared_defaults
+from search.contract import BUILTIN_KNOBS, UnknownTrainableError, declarations, declared_defaults
 from search.errors import SearchError
 
 if TYPE_CHECKING:
@@ -56,6 +57,30 @@ def check_knobs(spec: StudySpec, source: str = "spec") -> None:
         is_path = name.endswith("_path") and isinstance(value, str) and value
         if is_path and not Path(value).exists():
             raise KnobError(f"{source}: fixed.{name}: no file at {value}")
+
+
+def check_user_trainable(spec: StudySpec, source: str = "spec") -> None:
+    """:func:`check_knobs` for a user's trainable, which imports its module, and the shape of
+    its function: a generator (``yield`` one dict per epoch), not a function that returns.
+
+    Raises:
+        KnobError: One line naming the file and the trainable.
+
+    Example:
+        >>> from search.spec.schema import parse_spec
+        >>> spec = parse_spec({"study": "s", "trainable": "search.testing:returns_dict",
+        ...                    "objective": {"metric": "val_accuracy", "mode": "max"}})
+        >>> check_user_trainable(spec, "s.yaml")
+        Traceback (most recent call last):
+        ...
+        search.spec.knobs.KnobError: s.yaml: trainable `search.testing:returns_dict` must yield ...
+    """
+    check_knobs(spec, source)
+    if declarations(spec.trainable).returns:
+        raise KnobError(
+            f"{source}: trainable `{spec.trainable}` must yield one dict of metrics per epoch "
+            "(a generator); it returns instead"
+        )
 
 
 def check_builtin_knobs(spec: StudySpec, source: str = "spec") -> bool:

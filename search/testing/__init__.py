@@ -8,6 +8,7 @@ from search.testing.trainables import (
     curve_export,
     hostile,
     instant,
+    returns_dict,
     side_metrics,
 )
 
@@ -19,5 +20,6 @@ __all__ = [
     "curve_export",
     "hostile",
     "instant",
+    "returns_dict",
     "side_metrics",
 ]
