@@ -31,6 +31,8 @@ def curve(config: Mapping[str, Any], data: Dataset, ctx: TrialContext) -> Iterat
         lr: Above 1.0 the loss turns NaN at epoch 2 (an exploding run).
         raise_at: Epoch at which the trainable raises ``ValueError``, every attempt.
         fail_once_at: Epoch at which the first attempt raises ``RuntimeError``.
+        exit_at: Epoch at which the process ends itself with ``os._exit(3)``, every attempt.
+        segfault_at: Epoch at which the process crashes on a NULL read (SIGSEGV), every attempt.
         stop_at: Epoch after which it stops on its own (early stopping).
         sleep: Seconds to wait after each epoch.
         save_every: Write the state only every this many epochs (1, 1 + n, ...).
@@ -49,6 +51,7 @@ def curve(config: Mapping[str, Any], data: Dataset, ctx: TrialContext) -> Iterat
             raise ValueError(f"synthetic failure at epoch {epoch}")
         if config.get("fail_once_at") == epoch and ctx.restore_dir is None:
             raise RuntimeError(f"transient failure at epoch {epoch}")
+        _die(config, epoch)
         accuracy = quality * (1.0 - 0.5**epoch)
         loss = 1.0 - accuracy
         if float(config.get("lr", 0.0)) > 1.0 and epoch >= 2:
@@ -61,6 +64,16 @@ def curve(config: Mapping[str, Any], data: Dataset, ctx: TrialContext) -> Iterat
         if config.get("stop_at") == epoch:
             return
         time.sleep(float(config.get("sleep", 0.0)))
+
+
+def _die(config: Mapping[str, Any], epoch: int) -> None:
+    """Ends the trial's process the hard way at ``exit_at`` or ``segfault_at``."""
+    if config.get("exit_at") == epoch:
+        os._exit(3)
+    if config.get("segfault_at") == epoch:
+        import ctypes
+
+        ctypes.string_at(0)  # reads address 0: SIGSEGV
 
 
 _TRACE_KEYS = ("trace_dir", "wait_for", "oom_below_share")

@@ -1,0 +1,101 @@
+"""A trial's process that dies (a segfault, ``os._exit(3)``) fails with what ended it.
+
+Real local Ray, real deaths at epoch 2 of every attempt (``segfault_at``, ``exit_at`` of
+:func:`search.testing.curve`). The trial fails with the signal or the exit code and the epoch,
+its one retry dies the same way and ends it (not the two of ``faults.max_failures``), nothing
+stays RUNNING, and the run stops early, naming the log, as it does for a code error.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import optuna
+import pytest
+
+from search.run.bridge import Outcome
+from search.run.death import EXIT_NOTE, cause_in, read_since
+from search.run.runner import RunOptions, run_study
+from search.run.stopping import FailFast
+from search.spec.schema import load_spec
+from tests.conftest import base_spec, write_spec
+
+
+def _run_dying(tmp_path: Path, trials: int, **death: int) -> tuple[list, str | None]:
+    data = base_spec(
+        tmp_path,
+        study="dies",
+        budget={"trials": trials, "max_epochs": 3},
+        fixed=death,
+        asha={"enabled": False},
+        faults={"max_failures": 2},
+    )
+    spec = load_spec(write_spec(tmp_path / "dies.yaml", data))
+    summary = run_study(spec, RunOptions(results_dir=tmp_path / "results", progress=False))
+    study = optuna.load_study(study_name="dies", storage=data["storage"])
+    return study.trials, summary.stopped_early
+
+
+def test_a_segfault_at_epoch_2_fails_with_its_signal_and_its_retry_ends_it(
+    ray_local: None, tmp_path: Path
+) -> None:
+    trials, stopped = _run_dying(tmp_path, trials=1, segfault_at=2)
+    assert [t.state.name for t in trials] == ["FAIL"]
+    reason = trials[0].user_attrs["fail_reason"]
+    assert reason == (
+        "worker died: SIGSEGV (Segmentation fault) at epoch 2 "
+        "(again on retry 1: not retried further)"
+    )
+    assert trials[0].user_attrs["retries"] == 1  # not the 2 that max_failures allows
+    log = Path(trials[0].user_attrs["log"]).read_text()
+    assert log.count("Fatal Python error: Segmentation fault") == 2  # both attempts
+    assert stopped is not None and "the first 1 trials failed the same way: worker died" in stopped
+    assert f"(log: {trials[0].user_attrs['log']})" in stopped
+
+
+def test_os_exit_3_at_epoch_2_fails_with_the_exit_code(ray_local: None, tmp_path: Path) -> None:
+    trials, stopped = _run_dying(tmp_path, trials=1, exit_at=2)
+    assert [t.state.name for t in trials] == ["FAIL"]
+    reason = trials[0].user_attrs["fail_reason"]
+    assert reason == "worker exited with code 3 at epoch 2 (again on retry 1: not retried further)"
+    assert trials[0].user_attrs["retries"] == 1
+    assert stopped is not None and "worker exited with code 3" in stopped
+
+
+DIED = "worker died: "
+
+
+@pytest.mark.parametrize(
+    ("text", "cause"),
+    [
+        ("*** SIGSEGV received at time=1 on cpu 1 ***\n", f"{DIED}SIGSEGV (Segmentation fault)"),
+        ("Fatal Python error: Aborted\n\nStack:\n", f"{DIED}SIGABRT (Aborted)"),
+        ("epoch 1\n" + EXIT_NOTE.format(code=3) + "\n", "worker exited with code 3"),
+        ("Fatal Python error: Bus error\n" + EXIT_NOTE.format(code=1), "worker exited with code 1"),
+        ("a trial's own output, then nothing (SIGKILL)\n", None),
+    ],
+)  # fmt: skip
+def test_the_first_trials_dying_alike_stop_the_run_naming_the_log() -> None:
+    watch = FailFast(first=3)
+    for n in range(3):
+        reason = f"worker died: SIGSEGV (Segmentation fault) at epoch {n + 1}"
+        watch(Outcome(n, "FAIL", reason, None, code_error=True, log=f"/t/{n}/output.log"))
+    assert watch.verdict == (
+        "the first 3 trials failed the same way: worker died: SIGSEGV (Segmentation fault) "
+        "at epoch 1 (log: /t/0/output.log)"
+    )
+
+
+def test_the_cause_is_the_last_one_the_log_names(text: str, cause: str | None) -> None:
+    assert cause_in(text) == cause
+
+
+def test_a_retry_reads_only_what_its_own_attempt_wrote(tmp_path: Path) -> None:
+    log = tmp_path / "output.log"
+    log.write_text("Fatal Python error: Segmentation fault\n")
+    first, offset = read_since(log, 0)
+    assert cause_in(first) == "worker died: SIGSEGV (Segmentation fault)"
+    with log.open("a") as f:
+        f.write("the retry, killed without a word\n")
+    second, _ = read_since(log, offset)
+    assert cause_in(second) is None
