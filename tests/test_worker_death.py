@@ -62,6 +62,17 @@ def test_os_exit_3_at_epoch_2_fails_with_the_exit_code(ray_local: None, tmp_path
     assert stopped is not None and "worker exited with code 3" in stopped
 
 
+def test_the_first_trials_dying_alike_stop_the_run_naming_the_log() -> None:
+    watch = FailFast(first=3)
+    for n in range(3):
+        reason = f"worker died: SIGSEGV (Segmentation fault) at epoch {n + 1}"
+        watch(Outcome(n, "FAIL", reason, None, code_error=True, log=f"/t/{n}/output.log"))
+    assert watch.verdict == (
+        "the first 3 trials failed the same way: worker died: SIGSEGV (Segmentation fault) "
+        "at epoch 1 (log: /t/0/output.log)"
+    )
+
+
 DIED = "worker died: "
 
 
@@ -75,17 +86,6 @@ DIED = "worker died: "
         ("a trial's own output, then nothing (SIGKILL)\n", None),
     ],
 )  # fmt: skip
-def test_the_first_trials_dying_alike_stop_the_run_naming_the_log() -> None:
-    watch = FailFast(first=3)
-    for n in range(3):
-        reason = f"worker died: SIGSEGV (Segmentation fault) at epoch {n + 1}"
-        watch(Outcome(n, "FAIL", reason, None, code_error=True, log=f"/t/{n}/output.log"))
-    assert watch.verdict == (
-        "the first 3 trials failed the same way: worker died: SIGSEGV (Segmentation fault) "
-        "at epoch 1 (log: /t/0/output.log)"
-    )
-
-
 def test_the_cause_is_the_last_one_the_log_names(text: str, cause: str | None) -> None:
     assert cause_in(text) == cause
 
