@@ -15,6 +15,7 @@ import pytest
 
 from search.record import lease as lease_module
 from search.record.lease import StudyBusyError, StudyLease, held
+from search.record.processes import named, stop
 from tests.conftest import REPO
 
 HOLD = """
@@ -178,3 +179,72 @@ def test_a_database_locked_by_another_process_is_named_as_such(
     assert len(locked) <= 3, lines  # at most one line per LOCKED_NOTE_S, not one per renewal
     assert any(line.startswith("the study's lease is renewed again, after") for line in lines)
     assert not any("invalid data" in line for line in lines), lines
+
+
+KEEP = """
+import subprocess, sys, time
+from search.record.lease import StudyLease
+lease = StudyLease(sys.argv[1], "s", "dies")
+lease.acquire()
+child = subprocess.Popen(["sleep", "120"], start_new_session=True)  # outlives a killpg
+lease.keep([child.pid])
+print(child.pid, flush=True)
+time.sleep(600)
+"""
+
+
+def test_stop_kills_a_recorded_process_and_never_a_pid_that_another_process_holds() -> None:
+    sleeper = subprocess.Popen(["sleep", "120"])
+    try:
+        (recorded,) = named([sleeper.pid])
+        reused = [recorded[0], str(int(recorded[1]) + 1)]  # the pid, started at another time
+        assert stop([reused]) == 0
+        assert sleeper.poll() is None
+        assert stop([recorded]) == 1
+        assert sleeper.wait(timeout=10) == -signal.SIGKILL
+        assert stop([recorded]) == 0  # gone: nothing to kill
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+
+
+def test_the_next_driver_stops_what_a_killed_one_recorded_and_says_how_many(
+    url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    holder = subprocess.Popen(
+        [sys.executable, "-c", KEEP, url],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        env={**os.environ, "PYTHONPATH": str(REPO), "SEARCH_LEASE_TTL_S": "1.2"},
+    )
+    assert holder.stdout is not None
+    child = int(holder.stdout.readline())
+    try:
+        recorded = StudyLease(url, "s", "probe").current()
+        assert recorded is not None and recorded["ray"] == named([child])
+        _kill(holder)  # its own process group: the child, in a session of its own, stays
+        assert lease_module.proc(child)[0] == str(child)
+        with caplog.at_level("WARNING", logger=lease_module.__name__):
+            StudyLease(url, "s", "next").acquire()
+        assert _gone_soon(child)
+        assert any(
+            r.getMessage().startswith("stopped 1 process of the local Ray that the dead run dies")
+            for r in caplog.records
+        ), [r.getMessage() for r in caplog.records]
+    finally:
+        stop(named([child]))
+
+
+def _gone_soon(pid: int, within_s: float = 10.0) -> bool:
+    """Whether ``pid`` is gone, or a zombie (killed, not reaped yet), within ``within_s``."""
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        try:
+            if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
+                return True
+        except OSError:
+            return True
+        time.sleep(0.05)
+    return False
