@@ -26,10 +26,10 @@ import faulthandler
 import os
 import re
 import signal
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from search.record.fate import EPOCH
 
@@ -116,17 +116,17 @@ def exit_noted() -> Iterator[None]:
     """Makes the trial's process say why it goes: faulthandler on (a fatal signal prints its
     name and the stack), and an ``os._exit`` during the block writes :data:`EXIT_NOTE` to
     fd 2 (the trial's log) first. Both are as they were after the block."""
-    real_exit: Callable[[int], Any] = os._exit
+    real_exit = os._exit
     enabled = faulthandler.is_enabled()
 
-    def noted_exit(code: int) -> None:
+    def noted_exit(status: int) -> NoReturn:
         with contextlib.suppress(OSError):
-            os.write(2, (EXIT_NOTE.format(code=code) + "\n").encode())
-        real_exit(code)
+            os.write(2, (EXIT_NOTE.format(code=status) + "\n").encode())
+        real_exit(status)
 
     if not enabled:
-        faulthandler.enable(file=2, all_threads=True)  # type: ignore[arg-type]
-    os._exit = noted_exit  # type: ignore[assignment]
+        faulthandler.enable(file=2, all_threads=True)
+    os._exit = noted_exit
     try:
         yield
     finally:
