@@ -9,12 +9,14 @@ stays RUNNING, and the run stops early, naming the log, as it does for a code er
 from __future__ import annotations
 
 from pathlib import Path
+from types import SimpleNamespace
 
 import optuna
 import pytest
 
+from search.record.fate import EPOCH
 from search.run.bridge import Outcome
-from search.run.death import EXIT_NOTE, cause_in, read_since
+from search.run.death import EXIT_NOTE, Deaths, cause_in, read_since
 from search.run.runner import RunOptions, run_study
 from search.run.stopping import FailFast
 from search.spec.schema import load_spec
@@ -99,3 +101,41 @@ def test_a_retry_reads_only_what_its_own_attempt_wrote(tmp_path: Path) -> None:
         f.write("the retry, killed without a word\n")
     second, _ = read_since(log, offset)
     assert cause_in(second) is None
+
+
+def test_a_retry_that_gets_past_the_epoch_of_the_death_gets_its_retries_back(
+    tmp_path: Path,
+) -> None:
+    """:class:`Deaths` on a stand-in for Tune's trial (the fields it reads and sets)."""
+    from ray.exceptions import ActorDiedError
+
+    trial = SimpleNamespace(
+        trial_id="t",
+        max_failures=2,
+        run_metadata=SimpleNamespace(num_failures=1),
+        latest_checkpoint_result=None,
+    )
+    log = tmp_path / "output.log"
+    log.write_text("Fatal Python error: Segmentation fault\n")
+    deaths = Deaths()
+    deaths.result(trial, {EPOCH: 1})
+    assert deaths.reason(trial, ValueError("raised"), log) is None  # not a death
+    reason = deaths.reason(trial, ActorDiedError(), log)
+    assert reason == "worker died: SIGSEGV (Segmentation fault) at epoch 2"
+    deaths.hold(trial)
+    assert trial.max_failures == 1  # the next failure ends it ...
+    deaths.result(trial, {EPOCH: 1})
+    assert trial.max_failures == 1
+    deaths.result(trial, {EPOCH: 2})
+    assert trial.max_failures == 2  # ... unless the retry gets past epoch 2 first
+    trial.run_metadata.num_failures = 2
+    with log.open("a") as f:
+        f.write(EXIT_NOTE.format(code=3) + "\n")
+    assert deaths.reason(trial, ActorDiedError(), log) == "worker exited with code 3 at epoch 3"
+    deaths.hold(trial)
+    trial.run_metadata.num_failures = 3  # the retry resumed from epoch 2, died before a report
+    trial.latest_checkpoint_result = SimpleNamespace(metrics={EPOCH: 2})
+    with log.open("a") as f:
+        f.write(EXIT_NOTE.format(code=3) + "\n")
+    again = deaths.reason(trial, ActorDiedError(), log)
+    assert again == "worker exited with code 3 at epoch 3 (again on retry 2: not retried further)"
