@@ -1,9 +1,10 @@
 """A trial's process that dies (a segfault, ``os._exit(3)``) fails with what ended it.
 
-Real local Ray, real deaths at epoch 2 of every attempt (``segfault_at``, ``exit_at`` of
+Real local Ray, real deaths at epoch 2 of every attempt (``die_at``, ``die_by`` of
 :func:`search.testing.curve`). The trial fails with the signal or the exit code and the epoch,
-its one retry dies the same way and ends it (not the two of ``faults.max_failures``), nothing
-stays RUNNING, and the run stops early, naming the log, as it does for a code error.
+its one retry dies the same way and ends it (not the two of ``faults.max_failures``), and
+nothing stays RUNNING. The first trials dying alike stop the run early, naming the log, as a
+code error does.
 """
 
 from __future__ import annotations
@@ -23,45 +24,33 @@ from search.spec.schema import load_spec
 from tests.conftest import base_spec, write_spec
 
 
-def _run_dying(tmp_path: Path, trials: int, **death: int) -> tuple[list, str | None]:
+def test_a_segfault_and_os_exit_3_at_epoch_2_fail_with_the_signal_and_the_code(
+    ray_local: None, tmp_path: Path
+) -> None:
+    """Two trials at once, one each way; each one's retry dies alike and ends it."""
     data = base_spec(
         tmp_path,
         study="dies",
-        budget={"trials": trials, "max_epochs": 3},
-        fixed=death,
+        budget={"trials": 2, "max_epochs": 3},
+        sampler={"name": "grid"},
+        space={"die_by": {"choice": ["segfault", "exit"]}},
+        fixed={"die_at": 2},
         asha={"enabled": False},
         faults={"max_failures": 2},
     )
     spec = load_spec(write_spec(tmp_path / "dies.yaml", data))
-    summary = run_study(spec, RunOptions(results_dir=tmp_path / "results", progress=False))
-    study = optuna.load_study(study_name="dies", storage=data["storage"])
-    return study.trials, summary.stopped_early
-
-
-def test_a_segfault_at_epoch_2_fails_with_its_signal_and_its_retry_ends_it(
-    ray_local: None, tmp_path: Path
-) -> None:
-    trials, stopped = _run_dying(tmp_path, trials=1, segfault_at=2)
-    assert [t.state.name for t in trials] == ["FAIL"]
-    reason = trials[0].user_attrs["fail_reason"]
-    assert reason == (
-        "worker died: SIGSEGV (Segmentation fault) at epoch 2 "
-        "(again on retry 1: not retried further)"
+    run_study(spec, RunOptions(results_dir=tmp_path / "results", progress=False))
+    trials = optuna.load_study(study_name="dies", storage=data["storage"]).trials
+    assert sorted(t.state.name for t in trials) == ["FAIL", "FAIL"]  # none RUNNING
+    by = {t.params["die_by"]: t.user_attrs for t in trials}
+    again = " (again on retry 1: not retried further)"
+    assert by["segfault"]["fail_reason"] == (
+        "worker died: SIGSEGV (Segmentation fault) at epoch 2" + again
     )
-    assert trials[0].user_attrs["retries"] == 1  # not the 2 that max_failures allows
-    log = Path(trials[0].user_attrs["log"]).read_text()
+    assert by["exit"]["fail_reason"] == "worker exited with code 3 at epoch 2" + again
+    assert by["segfault"]["retries"] == by["exit"]["retries"] == 1  # max_failures allows 2
+    log = Path(by["segfault"]["log"]).read_text()
     assert log.count("Fatal Python error: Segmentation fault") == 2  # both attempts
-    assert stopped is not None and "the first 1 trials failed the same way: worker died" in stopped
-    assert f"(log: {trials[0].user_attrs['log']})" in stopped
-
-
-def test_os_exit_3_at_epoch_2_fails_with_the_exit_code(ray_local: None, tmp_path: Path) -> None:
-    trials, stopped = _run_dying(tmp_path, trials=1, exit_at=2)
-    assert [t.state.name for t in trials] == ["FAIL"]
-    reason = trials[0].user_attrs["fail_reason"]
-    assert reason == "worker exited with code 3 at epoch 2 (again on retry 1: not retried further)"
-    assert trials[0].user_attrs["retries"] == 1
-    assert stopped is not None and "worker exited with code 3" in stopped
 
 
 def test_the_first_trials_dying_alike_stop_the_run_naming_the_log() -> None:

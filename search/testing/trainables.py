@@ -31,8 +31,8 @@ def curve(config: Mapping[str, Any], data: Dataset, ctx: TrialContext) -> Iterat
         lr: Above 1.0 the loss turns NaN at epoch 2 (an exploding run).
         raise_at: Epoch at which the trainable raises ``ValueError``, every attempt.
         fail_once_at: Epoch at which the first attempt raises ``RuntimeError``.
-        exit_at: Epoch at which the process ends itself with ``os._exit(3)``, every attempt.
-        segfault_at: Epoch at which the process crashes on a NULL read (SIGSEGV), every attempt.
+        die_at: Epoch at which the process dies, every attempt: by ``die_by``, ``"exit"``
+            (``os._exit(3)``, the default) or ``"segfault"`` (a read of address 0: SIGSEGV).
         stop_at: Epoch after which it stops on its own (early stopping).
         sleep: Seconds to wait after each epoch.
         save_every: Write the state only every this many epochs (1, 1 + n, ...).
@@ -67,13 +67,14 @@ def curve(config: Mapping[str, Any], data: Dataset, ctx: TrialContext) -> Iterat
 
 
 def _die(config: Mapping[str, Any], epoch: int) -> None:
-    """Ends the trial's process the hard way at ``exit_at`` or ``segfault_at``."""
-    if config.get("exit_at") == epoch:
-        os._exit(3)
-    if config.get("segfault_at") == epoch:
+    """Ends the trial's process the hard way at epoch ``die_at``."""
+    if config.get("die_at") != epoch:
+        return
+    if config.get("die_by") == "segfault":
         import ctypes
 
         ctypes.string_at(0)  # reads address 0: SIGSEGV
+    os._exit(3)
 
 
 _TRACE_KEYS = ("trace_dir", "wait_for", "oom_below_share")
