@@ -12,7 +12,6 @@ from search.contract import TrialContext
 
 if TYPE_CHECKING:
     from search.compute.placement import Placement
-    from search.contract import Dataset
     from search.spec.schema import StudySpec
 
 
@@ -54,7 +53,7 @@ class TrialJob:
 
 
 def trial_extras(
-    spec: StudySpec, data: Dataset, placement: Placement | None = None
+    spec: StudySpec, data: Any, placement: Placement | None = None
 ) -> dict[str, Any]:
     """What the framework tells every trial, carried to :func:`trial_context`, which turns
     it into :class:`TrialContext` fields.

@@ -110,7 +110,9 @@ def write_bundle(
     bundle = one_trial_spec(spec, config, seed, suffix, redact(spec.storage))
     history: list[dict[str, float]] = []
     out.mkdir(parents=True, exist_ok=True)
-    final = train_spec(parse_spec(bundle, "config.yaml"), out, log=None, history=history)
+    final = train_spec(
+        parse_spec(bundle, "config.yaml"), out, log=None, history=history, data=session.data
+    )
     if "onnx_max_abs_diff" not in final:
         final = {**final, **_onnx_checked(out, session.log)}
     twin = chosen.values.get(seed)

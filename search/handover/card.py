@@ -296,6 +296,8 @@ def _data_line(spec: StudySpec) -> str:
     if data.loader is not None:
         args = ", ".join(f"{k}={v!r}" for k, v in data.args.items())
         return f"loaded by `{data.loader}({args})`, which made the validation split."
+    if data.name == "none":
+        return "loaded by the trainable itself (the spec declares no `data:`)."
     return f"`{data.name}`, validation fraction {data.val_fraction}, split seed {data.split_seed}."
 
 

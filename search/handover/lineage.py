@@ -99,6 +99,8 @@ def data_lines(data: Dataset | None, spec: DataSpec | None) -> list[str]:
     lines = []
     if spec is not None and spec.loader is not None:
         lines.append(f"data loader {spec.loader} {json.dumps(spec.args, default=str)}")
+    elif spec is not None and spec.name == "none":
+        lines.append("data loaded by the trainable itself (no data: in the spec)")
     elif spec is not None:
         lines.append(f"data built-in {spec.name}")
     if data is not None:

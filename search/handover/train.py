@@ -22,6 +22,8 @@ if TYPE_CHECKING:
     from search.spec.schema import StudySpec
 
 Log = Callable[[str], None]
+_LOAD: Any = object()
+"""``train_spec``'s default ``data``: load the spec's (a loader may return ``None``)."""
 
 
 class ExportError(SearchError):
@@ -88,10 +90,13 @@ def train_spec(
     out_dir: Path | None = None,
     log: Log | None = None,
     history: list[dict[str, float]] | None = None,
+    data: Any = _LOAD,
 ) -> dict[str, float]:
     """Trains a spec of fixed parameters once, in this process (no Ray), seed ``sampler.seed``.
 
-    With ``out_dir``, the trainable's export hook trains and saves the model there.
+    With ``out_dir``, the trainable's export hook trains and saves the model there. ``data``:
+    what the spec's loader returned, when the caller has it already (``export`` loads once for
+    its confirmation runs and its final models); by default the spec's data is loaded here.
 
     Returns:
         The last epoch's metrics (and what the export hook adds).
@@ -105,7 +110,8 @@ def train_spec(
             f"space: train takes a spec of fixed parameters (export's "
             f"config.yaml, best.yaml); this one searches {sorted(spec.space)}"
         )
-    config, seed, data = dict(spec.fixed), spec.sampler.seed or 0, load_data(spec.data)
+    config, seed = dict(spec.fixed), spec.sampler.seed or 0
+    data = load_data(spec.data) if data is _LOAD else data
     history = [] if history is None else history
     with tempfile.TemporaryDirectory(prefix="search-train-") as folder:
         if out_dir is None:

@@ -44,7 +44,7 @@ if TYPE_CHECKING:
     import optuna
     from ray.tune import Callback, Stopper
 
-    from search.contract import Dataset
+    from search.run.data import SharedData
     from search.run.options import RunOptions
     from search.spec.schema import StudySpec
 
@@ -55,7 +55,7 @@ def fit(
     study: optuna.Study,
     run_id: str,
     budget: int,
-    data: Dataset,
+    data: SharedData,
     termination: Termination | None = None,
 ) -> tuple[dict[int, str], str | None, tuple[float, float, str] | None]:
     """Runs ``budget`` trials through Ray Tune; returns each one's number and final state, why
@@ -137,7 +137,7 @@ def _tuner(
     options: RunOptions,
     bridge: OptunaBridge,
     placement: Placement,
-    data: Dataset,
+    data: SharedData,
     stopper: Stopper,
     budget: int,
 ) -> Any:
@@ -158,7 +158,7 @@ def _tuner(
     if max_failures == 0:  # no retry would read a checkpoint: the trainable saves none
         job = replace(job, checkpoints=False)
     trainable = tune.with_resources(
-        tune.with_parameters(run_trial, job=job, data=data), placement.ray_resources
+        tune.with_parameters(run_trial, job=job, data=data.ref), placement.ray_resources
     )
     return tune.Tuner(
         trainable,
@@ -189,7 +189,7 @@ def _tuner(
     )
 
 
-def place(spec: StudySpec, data: Dataset) -> Placement:
+def place(spec: StudySpec, data: SharedData) -> Placement:
     """Resolves the spec's ``resources`` on the cluster Ray runs (:mod:`search.compute.placement`);
     ``gpus_per_trial: auto`` on GPUs first measures the largest config on one GPU."""
     import ray
@@ -197,7 +197,7 @@ def place(spec: StudySpec, data: Dataset) -> Placement:
     res, cluster = spec.resources, ray.cluster_resources()
     measured = None
     if res.gpus_per_trial == "auto" and cluster.get("GPU", 0) > 0:
-        measured = measure(spec, data, trial_extras(spec, data))
+        measured = measure(spec, data.ref, trial_extras(spec, data))
     several = (res.workers_per_trial or 1) > 1 or (
         res.gpus_per_trial != "auto" and res.gpus_per_trial >= 2
     )

@@ -16,7 +16,7 @@ from search.record.storage import redact
 from search.record.study import open_study, record_spec
 from search.record.warm import earlier_study, import_trials
 from search.run.cluster import init_ray, local_ray_processes
-from search.run.data import load_data
+from search.run.data import load_data, share
 from search.run.fit import fit
 from search.run.options import RunOptions, RunSummary
 from search.run.signals import Termination
@@ -45,7 +45,8 @@ def run_study(spec: StudySpec, options: RunOptions = RunOptions()) -> RunSummary
     builtin = check_builtin_knobs(spec, options.source)
     study, lease, data = _open_while_ray_starts(spec, options, knobs=not builtin)
     try:
-        loaded = data.result()
+        shared = share(data.result())  # the driver keeps no copy of its own
+        del data
     except BaseException:  # the loader raised: a study this run created goes with it
         lease.release()
         _forget_if_new(study)
@@ -57,7 +58,7 @@ def run_study(spec: StudySpec, options: RunOptions = RunOptions()) -> RunSummary
         budget = min(spec.budget.trials, grid_size(spec) or spec.budget.trials) - recovery.counted
         termination = Termination()
         finished, stopped, hours = (
-            fit(spec, options, study, lease.run_id, budget, loaded, termination)
+            fit(spec, options, study, lease.run_id, budget, shared, termination)
             if budget > 0
             else ({}, None, None)
         )

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
@@ -28,7 +29,7 @@ from pydantic import (
     model_validator,
 )
 
-from search.contract import UnknownTrainableError, check_trainable
+from search.contract import BUILTIN, UnknownTrainableError, check_trainable
 from search.errors import SpecError
 from search.spec.pinned import PINNED
 from search.spec.space import Param, check_config, check_space, grid
@@ -51,10 +52,12 @@ class DataSpec(_Strict):
     function of yours that the driver calls once, with ``args`` as keyword arguments; whatever
     it returns (arrays, a DataFrame, a dict of tensors: anything picklable) reaches every trial
     as its ``data``, through Ray's object store. ``val_fraction`` and ``split_seed`` are for the
-    built-in datasets; a loader splits its data itself.
+    built-in datasets; a loader splits its data itself. ``none`` hands trials ``None``: what a
+    trainable of yours that loads its own data gets when its spec has no ``data:`` (a built-in
+    trainable's default is ``digits``).
     """
 
-    name: Literal["digits", "image_folder"] = "digits"
+    name: Literal["digits", "image_folder", "none"] = "digits"
     path: str | None = None
     image_size: int | None = Field(None, ge=8, le=1024)
     val_fraction: float = Field(0.2, gt=0.0, lt=1.0)
@@ -81,8 +84,8 @@ class DataSpec(_Strict):
             raise ValueError("data.args: args are for a loader; name one with loader")
         if self.name == "image_folder" and not self.path:
             raise ValueError("data.path: image_folder needs the folder's path")
-        if self.name == "digits" and self.path:
-            raise ValueError("data.path: digits ship with scikit-learn; remove path")
+        if self.name != "image_folder" and self.path:
+            raise ValueError(f"data.path: {self.name} reads no folder; remove path")
         return self
 
 
@@ -265,6 +268,17 @@ class StudySpec(_Strict):
     export: ExportSpec | None = None
     fixed: dict[str, Any] = {}
     space: dict[str, Param] = {}
+
+    @model_validator(mode="before")
+    @classmethod
+    def _own_data(cls, value: Any) -> Any:
+        """A trainable of the user's with no ``data:`` loads its own: its trials get ``None``
+        (and its card says so), not the digits a built-in trainable defaults to."""
+        if isinstance(value, Mapping) and "data" not in value:
+            trainable = value.get("trainable")
+            if isinstance(trainable, str) and trainable not in BUILTIN:
+                return {**value, "data": {"name": "none"}}
+        return value
 
     @field_validator("trainable")
     @classmethod

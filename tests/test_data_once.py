@@ -1,0 +1,75 @@
+"""The user's data, loaded once: one loader call per command, one copy in the driver, and
+``None`` for a trainable of the user's that declares no ``data:``."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from optuna.trial import TrialState
+
+from search.handover.export import export_study
+from search.run.data import load_data, share
+from search.spec.schema import parse_spec
+from tests.conftest import base_spec
+from tests.test_export import make_study
+
+pytestmark = [pytest.mark.usefixtures("joins_session_ray")]
+
+
+def counting_loader(calls: str) -> dict[str, Any]:
+    """A loader that appends one line to ``calls`` each time it is called."""
+    with open(calls, "a") as f:
+        f.write(f"{os.getpid()}\n")
+    rng = np.random.default_rng(0)
+    return {"x_train": rng.normal(size=(8, 2)), "y_train": np.arange(8) % 2}
+
+
+def test_a_trainable_of_the_users_without_data_gets_none(tmp_path: Path) -> None:
+    spec = parse_spec(base_spec(tmp_path))  # search.testing:curve, no data:
+    assert spec.data.name == "none" and load_data(spec.data) is None
+    again = parse_spec(spec.to_dict())  # the stored spec keeps it
+    assert again.data.name == "none"
+    builtin = parse_spec({**base_spec(tmp_path), "trainable": "torch_cnn", "space": {}})
+    assert builtin.data.name == "digits"  # a built-in's default is unchanged
+
+
+def test_export_calls_the_loader_once_and_the_card_names_it(
+    ray_local: None, tmp_path: Path
+) -> None:
+    calls = tmp_path / "calls.txt"
+    loader = {"loader": "tests.test_data_once:counting_loader", "args": {"calls": str(calls)}}
+    values = {0.9: TrialState.COMPLETE, 0.7: TrialState.COMPLETE}
+    spec, _ = make_study(tmp_path, values, data=loader, budget={"trials": 4, "max_epochs": 2})
+    export_study("t", spec.storage, tmp_path / "out", results_dir=tmp_path, top_k=2, seeds=2)
+    assert len(calls.read_text().splitlines()) == 1  # confirmation runs and final model share it
+    env = (tmp_path / "out" / "environment.txt").read_text()
+    assert "data loader tests.test_data_once:counting_loader" in env
+    assert "data x_train float64 (8, 2), y_train int64 (8,)" in env
+
+
+def test_without_data_the_bundle_says_the_trainable_loads_its_own(
+    ray_local: None, tmp_path: Path
+) -> None:
+    spec, _ = make_study(
+        tmp_path, {0.9: TrialState.COMPLETE}, budget={"trials": 2, "max_epochs": 2}
+    )
+    export_study("t", spec.storage, tmp_path / "out", results_dir=tmp_path, top_k=1, seeds=1)
+    card = (tmp_path / "out" / "MODEL_CARD.md").read_text()
+    assert "Data: loaded by the trainable itself" in card and "digits" not in card
+    env = (tmp_path / "out" / "environment.txt").read_text()
+    assert "data loaded by the trainable itself" in env and "data built-in" not in env
+
+
+def test_shared_data_is_one_object_store_copy(ray_local: None) -> None:
+    import ray
+
+    data = {"x_train": np.ones((1000, 100)), "y_train": np.zeros(1000)}
+    shared = share(data)
+    got = ray.get(shared.ref)
+    assert np.array_equal(got["x_train"], data["x_train"])
+    assert not got["x_train"].flags.writeable  # a zero-copy view of the object store's copy
+    assert shared.path is None
