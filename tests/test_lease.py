@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -15,7 +17,8 @@ import pytest
 
 from search.record import lease as lease_module
 from search.record.lease import StudyBusyError, StudyLease, held
-from tests.conftest import REPO
+from search.record.processes import named, stop
+from tests.conftest import REPO, base_spec, write_spec
 
 HOLD = """
 import sys, time
@@ -178,3 +181,157 @@ def test_a_database_locked_by_another_process_is_named_as_such(
     assert len(locked) <= 3, lines  # at most one line per LOCKED_NOTE_S, not one per renewal
     assert any(line.startswith("the study's lease is renewed again, after") for line in lines)
     assert not any("invalid data" in line for line in lines), lines
+
+
+KEEP = """
+import subprocess, sys, time
+from search.record.lease import StudyLease
+lease = StudyLease(sys.argv[1], "s", "dies")
+lease.acquire()
+child = subprocess.Popen(["sleep", "120"], start_new_session=True)  # outlives a killpg
+lease.keep([child.pid])
+print(child.pid, flush=True)
+time.sleep(600)
+"""
+
+
+def test_stop_kills_a_recorded_process_and_never_a_pid_that_another_process_holds() -> None:
+    sleeper = subprocess.Popen(["sleep", "120"])
+    try:
+        (recorded,) = named([sleeper.pid])
+        reused = [recorded[0], str(int(recorded[1]) + 1)]  # the pid, started at another time
+        assert stop([reused]) == 0
+        assert sleeper.poll() is None
+        assert stop([recorded]) == 1
+        assert sleeper.wait(timeout=10) == -signal.SIGKILL
+        assert stop([recorded]) == 0  # gone: nothing to kill
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+
+
+def test_the_next_driver_stops_what_a_killed_one_recorded_and_says_how_many(
+    url: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    holder = subprocess.Popen(
+        [sys.executable, "-c", KEEP, url],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        env={**os.environ, "PYTHONPATH": str(REPO), "SEARCH_LEASE_TTL_S": "1.2"},
+    )
+    assert holder.stdout is not None
+    child = int(holder.stdout.readline())
+    try:
+        recorded = StudyLease(url, "s", "probe").current()
+        assert recorded is not None and recorded["ray"] == named([child])
+        _kill(holder)  # its own process group: the child, in a session of its own, stays
+        assert lease_module.proc(child)[0] == str(child)
+        with caplog.at_level("WARNING", logger=lease_module.__name__):
+            StudyLease(url, "s", "next").acquire()
+        assert _gone_soon(child)
+        assert any(
+            r.getMessage().startswith("stopped 1 process of the local Ray that the dead run dies")
+            for r in caplog.records
+        ), [r.getMessage() for r in caplog.records]
+    finally:
+        stop(named([child]))
+
+
+def _gone_soon(pid: int, within_s: float = 10.0) -> bool:
+    """Whether ``pid`` is gone, or a zombie (killed, not reaped yet), within ``within_s``."""
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        try:
+            if Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z":
+                return True
+        except OSError:
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def _lease_of(db: Path) -> dict:
+    """The study's lease as the driver last wrote it ({} before there is one)."""
+    try:
+        with sqlite3.connect(db, timeout=30) as conn:
+            row = conn.execute(
+                "SELECT value_json FROM study_user_attributes WHERE key = 'driver'"
+            ).fetchone()
+    except sqlite3.OperationalError:  # the driver is creating the tables
+        return {}
+    return json.loads(row[0]) if row else {}
+
+
+def _cmdline(pid: str) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    except OSError:
+        return ""
+
+
+AGENTS = ("DashboardAgent", "RuntimeEnvAgent")
+
+
+def _agents_recorded(db: Path, driver: subprocess.Popen, within_s: float = 120) -> list[list[str]]:
+    """The lease's Ray processes, once they include Ray's two agents."""
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline and driver.poll() is None:
+        recorded = _lease_of(db).get("ray") or []
+        names = " ".join(_cmdline(pid) for pid, _ in recorded)
+        if all(agent in names for agent in AGENTS):
+            return recorded
+        time.sleep(0.2)
+    raise AssertionError(f"the driver recorded no Ray agents: {_lease_of(db)}")
+
+
+def test_the_next_run_stops_the_ray_agents_a_killed_driver_left(
+    ray_local: None,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """``kill -9`` of a driver that started its own Ray: its agents stay, the next run on
+    the machine stops them (by the pids and start times its lease recorded) and completes."""
+    from search.run.runner import RunOptions, run_study
+    from search.spec.schema import load_spec
+
+    data = base_spec(
+        tmp_path, study="left", budget={"trials": 2, "max_epochs": 2}, fixed={"sleep": 0.5}
+    )
+    spec = write_spec(tmp_path / "left.yaml", data)
+    driver = subprocess.Popen(
+        [sys.executable, "-m", "search", "run", str(spec), "--results", str(tmp_path / "r")],
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+        env={**os.environ, "PYTHONPATH": str(REPO), "SEARCH_NUM_CPUS": "1"},
+    )  # fmt: skip
+    recorded: list[list[str]] = []
+    try:
+        recorded = _agents_recorded(tmp_path / "optuna.db", driver)
+        dead = _lease_of(tmp_path / "optuna.db")["run"]
+        os.kill(driver.pid, signal.SIGKILL)  # the driver alone, as kill -9 PID does
+        driver.wait()
+        time.sleep(1.0)  # its raylet and GCS go with it; the agents do not
+        left = [r for r in recorded if lease_module.proc(r[0]) == tuple(r)]
+        assert any(agent in _cmdline(pid) for pid, _ in left for agent in AGENTS), left
+        assert not [pid for pid, _ in left if "raylet" in _cmdline(pid)]  # gone with it
+        monkeypatch.setattr(lease_module, "RENEW_S", 0.5)  # the dead holder's renewals
+        with caplog.at_level("WARNING", logger=lease_module.__name__):
+            run_study(load_spec(spec), RunOptions(results_dir=tmp_path / "r", progress=False))
+        assert all(_gone_soon(int(pid)) for pid, _ in left)
+        said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("stopped")]
+        assert len(said) == 1 and said[0].endswith(f"the dead run {dead} left on this machine")
+        agents = sum(any(a in _cmdline(pid) for a in AGENTS) for pid, _ in left)
+        assert agents <= int(said[0].split()[1]) <= len(left), (said, left)
+        trials = optuna.load_study(study_name="left", storage=data["storage"]).trials
+        assert not [t for t in trials if t.state.name in ("RUNNING", "WAITING")]
+        assert sum(t.state.name == "COMPLETE" for t in trials) == 2
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+            driver.wait()
+        stop(recorded)  # whatever this test's own driver left, should the run not have

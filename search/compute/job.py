@@ -52,9 +52,7 @@ class TrialJob:
         return tuple(m for m in (self.metric, *self.objectives) if m)
 
 
-def trial_extras(
-    spec: StudySpec, data: Any, placement: Placement | None = None
-) -> dict[str, Any]:
+def trial_extras(spec: StudySpec, data: Any, placement: Placement | None = None) -> dict[str, Any]:
     """What the framework tells every trial, carried to :func:`trial_context`, which turns
     it into :class:`TrialContext` fields.
 

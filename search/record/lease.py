@@ -14,6 +14,12 @@ boot id, the pid with its start time, and when it was last renewed. The holder r
   pid and start time: ``kill -9``, a container restarted with PID 1 again), and it was not
   renewed for two renewal periods.
 
+A driver that started a local Ray records its processes in the lease too (``ray``: each
+``[pid, start time]``, renewed with the lease: :meth:`StudyLease.keep`). Ray's agents outlive a
+driver killed with ``kill -9``; the next run that takes the lease from that verifiably gone
+holder stops the recorded processes that are still the same processes, and says how many
+(:mod:`search.record.processes`). A driver that joined a cluster records none.
+
 Taking a lease on an RDB storage (SQLite, PostgreSQL) is a compare-and-set in one
 transaction: the lease is written only if the stored one is still the one this driver read,
 so of two drivers started together the first writer keeps it and the other is refused at once.
@@ -34,6 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from search.errors import SearchError, causes, database_locked
+from search.record.processes import named, proc, stop, tree
 from search.record.storage import open_storage, rdb_backend
 
 _log = logging.getLogger(__name__)
@@ -60,21 +67,9 @@ def _boot_id() -> str:
     return ""
 
 
-def _proc(pid: int | str) -> tuple[str, str]:
-    """``(pid, start time)`` of a process as ``/proc`` names it; ``("", "")`` when gone.
-
-    The pid is the one of ``/proc``'s own PID namespace (a driver in a container or under
-    ``unshare -p`` may see itself as PID 1), so a later reader of the same ``/proc`` finds it.
-    """
-    with contextlib.suppress(OSError, IndexError):
-        stat = Path(f"/proc/{pid}/stat").read_text()
-        return stat.split(" ", 1)[0], stat.rsplit(")", 1)[1].split()[19]
-    return "", ""
-
-
 def identity(run_id: str) -> dict[str, Any]:
     """This process as a lease holder."""
-    pid, start = _proc("self")
+    pid, start = proc("self")
     return {
         "run": run_id,
         "host": socket.gethostname(),
@@ -100,7 +95,7 @@ def holder_gone(lease: dict[str, Any]) -> bool:
         return False  # another machine: only its renewals tell
     if lease["boot"] != _boot_id():
         return True
-    return bool(lease.get("start")) and _proc(lease.get("pid", "")) != (
+    return bool(lease.get("start")) and proc(lease.get("pid", "")) != (
         str(lease.get("pid")),
         lease["start"],
     )
@@ -132,6 +127,7 @@ class StudyLease:
         self._thread: threading.Thread | None = None
         self._failing_since: float | None = None  # monotonic start of failed renewals
         self._noted_at: float | None = None  # when a failing renewal was last logged
+        self._ray: list[int] = []  # the local Ray this driver started: its first processes
 
     def current(self) -> dict[str, Any] | None:
         """The lease as stored (``None`` when the study never had one)."""
@@ -165,7 +161,26 @@ class StudyLease:
             )
         self._thread = threading.Thread(target=self._renew, name="search-lease", daemon=True)
         self._thread.start()
+        if previous and not previous.get("released") and holder_gone(previous):
+            self._stop_leftovers(previous)
         return previous
+
+    def keep(self, ray_pids: list[int]) -> None:
+        """Records the processes of the local Ray this driver started (``ray_pids``, and
+        what they start, on every renewal), for the next run to stop should this one die."""
+        self._ray = list(ray_pids)
+        self._write()
+
+    def _stop_leftovers(self, previous: dict[str, Any]) -> None:
+        """Stops the Ray processes a dead holder recorded that are still alive."""
+        stopped = stop(previous.get("ray") or [])
+        if stopped:
+            _log.warning(
+                "stopped %d process%s of the local Ray that the dead run %s left on this machine",
+                stopped,
+                "" if stopped == 1 else "es",
+                previous.get("run"),
+            )
 
     def _gone(self, lease: dict[str, Any]) -> bool:
         """:func:`holder_gone`, and no renewal for two renewal periods (a pid seen through
@@ -184,8 +199,9 @@ class StudyLease:
             self._write(released=time.time())
 
     def _write(self, **extra: Any) -> None:
+        ray = {"ray": named(tree(self._ray))} if self._ray else {}
         self._storage.set_study_user_attr(
-            self._study_id, LEASE_ATTR, {**identity(self.run_id), **extra}
+            self._study_id, LEASE_ATTR, {**identity(self.run_id), **ray, **extra}
         )
 
     def _renew(self) -> None:

@@ -27,6 +27,7 @@ from ray.tune.search import Searcher
 from search.record.fate import NUMBER, SEED, TrialRecord, error_summary
 from search.record.resume import FATE, fate_record
 from search.record.warm import START_FROM
+from search.run.death import Deaths
 from search.run.output import LOG_FILE
 from search.spec.space import sample
 
@@ -281,28 +282,44 @@ def _told_values(record: TrialRecord, state: TrialState, value: float | None) ->
 
 class ErrorCallback(Callback):
     """Hands a failed trial's error, as one line, to the bridge, counts retries, and tells
-    it where each trial's output goes (``output.log`` in the trial's folder)."""
+    it where each trial's output goes (``output.log`` in the trial's folder). A trial whose
+    process died fails with what ended it, read from that log (:mod:`search.run.death`)."""
 
     def __init__(self, bridge: OptunaBridge) -> None:
         self._bridge = bridge
+        self._deaths = Deaths()
+
+    def on_trial_result(
+        self, iteration: int, trials: list[Trial], trial: Trial, result: dict, **info: Any
+    ) -> None:
+        self._deaths.result(trial, result)
 
     def on_trial_error(
         self, iteration: int, trials: list[Trial], trial: Trial, **info: Any
     ) -> None:
-        self._bridge.record_error(
-            trial.trial_id, error_summary(_trial_error(trial)), getattr(trial, "error_file", None)
-        )
+        error = _trial_error(trial)
+        death = self._deaths.reason(trial, error, _log(trial))
+        traceback = None if death else getattr(trial, "error_file", None)  # Ray's: no stack
+        self._bridge.record_error(trial.trial_id, death or error_summary(error), traceback)
 
     def on_trial_start(
         self, iteration: int, trials: list[Trial], trial: Trial, **info: Any
     ) -> None:
-        if trial.path:
-            self._bridge.record_start(trial.trial_id, str(Path(trial.path) / LOG_FILE))
+        log = _log(trial)
+        if log:
+            self._bridge.record_start(trial.trial_id, str(log))
 
     def on_trial_recover(
         self, iteration: int, trials: list[Trial], trial: Trial, **info: Any
     ) -> None:
+        if self._deaths.reason(trial, _trial_error(trial), _log(trial)):
+            self._deaths.hold(trial)
         self._bridge.record_retry(trial.trial_id)
+
+
+def _log(trial: Trial) -> Path | None:
+    """The file of the trial's output (:mod:`search.run.output`)."""
+    return Path(trial.path) / LOG_FILE if trial.path else None
 
 
 def _trial_error(trial: Trial) -> BaseException | None:

@@ -41,8 +41,9 @@ def _quiet_token_enabled(record: logging.LogRecord) -> bool:
     return "Token authentication is enabled" not in record.getMessage()
 
 
-def init_ray(address: str | None, num_cpus: int | None = None, num_gpus: int | None = None) -> None:
-    """Starts a local Ray (or joins ``address``) unless this process already has one.
+def init_ray(address: str | None, num_cpus: int | None = None, num_gpus: int | None = None) -> bool:
+    """Starts a local Ray (or joins ``address``) unless this process already has one; returns
+    whether it started a local Ray now (its processes: :func:`local_ray_processes`).
 
     ``num_cpus`` and ``num_gpus`` (else ``$SEARCH_NUM_CPUS`` and ``$SEARCH_NUM_GPUS``) set the
     local Ray's logical resources; a cluster joined at ``address`` has its own.
@@ -56,7 +57,7 @@ def init_ray(address: str | None, num_cpus: int | None = None, num_gpus: int | N
 
     os.environ.update({k: v for k, v in _RAY_ENV.items() if k not in os.environ})
     if ray.is_initialized():
-        return
+        return False
     use_cluster_token(address)  # Ray 2.60 clusters want RAY_AUTH_MODE=token from drivers
     if address is None:  # a local Ray that turned token auth on says so: news to nobody
         logging.getLogger(_AUTH_LOGGER).addFilter(_quiet_token_enabled)
@@ -75,6 +76,18 @@ def init_ray(address: str | None, num_cpus: int | None = None, num_gpus: int | N
         # while the first trials start, on a 64-CPU node 64 processes that do nothing.
         _system_config=None if address else NO_PRESTART,
     )
+    return address in (None, "local")
+
+
+def local_ray_processes() -> list[int]:
+    """The pids of the processes of the local Ray this process started (its GCS, raylet,
+    monitors; the raylet starts the rest), none when it joined a cluster."""
+    from ray._private import worker
+
+    node = getattr(worker, "_global_node", None)
+    if node is None or not getattr(node, "head", False):
+        return []
+    return [process.pid for _, process in node.live_processes()]
 
 
 def _ray_token_available() -> bool:

@@ -15,7 +15,7 @@ from search.record.samplers import grid_size
 from search.record.storage import redact
 from search.record.study import open_study, record_spec
 from search.record.warm import earlier_study, import_trials
-from search.run.cluster import init_ray
+from search.run.cluster import init_ray, local_ray_processes
 from search.run.data import load_data, share
 from search.run.fit import fit
 from search.run.options import RunOptions, RunSummary
@@ -119,12 +119,14 @@ def _open_while_ray_starts(
         opening = pool.submit(_open, spec, options, knobs)
         data = pool.submit(load_data, spec.data)
         try:
-            init_ray(options.address)
+            started = init_ray(options.address)
         except BaseException:
             with contextlib.suppress(Exception):
                 opening.result()[1].release()
             raise
         study, lease = opening.result()
+        if started:  # a kill -9 of this driver leaves some behind: the next run stops them
+            lease.keep(local_ray_processes())
         return study, lease, data
     finally:
         pool.shutdown(wait=False)

@@ -1,9 +1,11 @@
 """Stopping a run: at its time limit, or early when the user's code fails every trial alike.
 
-A typo in a space key (``KeyError: 'alpah'``) or a metric name fails every trial. Rather than
-spend the whole budget on it, the run stops once the first :data:`FIRST` trials all failed by
-their code with the same reason, and says so in one line with the traceback's path. NaN
-losses do not count: on an unstable space they are an answer, not a bug.
+A typo in a space key (``KeyError: 'alpah'``) or a metric name fails every trial, and so does
+a crash of the trial's process (``worker died: SIGSEGV (Segmentation fault) at epoch 2``).
+Rather than spend the whole budget on it, the run stops once the first :data:`FIRST` trials
+all failed by their code with the same reason, and says so in one line with the traceback's
+path (or the log's, where a dead process left its last words). NaN losses do not count: on an
+unstable space they are an answer, not a bug.
 
 A typo that fails nothing is caught too: a plain function that reads ``config.get("alpha",
 0.1)`` while the space names ``alpah`` trains every trial on the default, and the study
@@ -66,10 +68,9 @@ class FailFast:
             return
         reasons = {_same(o.reason or "") for o in self._seen}
         if all(o.state == "FAIL" and o.code_error for o in self._seen) and len(reasons) == 1:
-            where = next((o.traceback for o in self._seen if o.traceback), None)
             self.verdict = (
-                f"the first {self._first} trials failed the same way: "
-                f"{self._seen[0].reason}" + (f" (traceback: {where})" if where else "")
+                f"the first {self._first} trials failed the same way: {self._seen[0].reason}"
+                + _where(self._seen)
             )
 
 
@@ -130,6 +131,16 @@ class UnreadKeys:
             self.verdict = unread_message(
                 self._source, self._trainable, unread, [*outcome.missed, *read]
             )
+
+
+def _where(seen: list[Outcome]) -> str:
+    """`` (traceback: PATH)``, or `` (log: PATH)`` for a trial that left no traceback (its
+    process died: the log holds what it wrote last), or nothing."""
+    for kind, paths in (("traceback", [o.traceback for o in seen]), ("log", [o.log for o in seen])):
+        where = next((path for path in paths if path), None)
+        if where:
+            return f" ({kind}: {where})"
+    return ""
 
 
 class RunStopper(Stopper):

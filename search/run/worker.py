@@ -47,6 +47,7 @@ from search.record.fate import (
     UNREAD,
     error_summary,
 )
+from search.run.death import exit_noted
 from search.run.output import captured
 
 if TYPE_CHECKING:
@@ -192,11 +193,12 @@ def _code_error(exc: BaseException, ctx: TrialContext) -> dict[str, Any]:
 
 def run_trial(config: dict[str, Any], job: TrialJob, data: Dataset) -> None:
     """The Ray Tune function trainable: one ``tune.report`` per epoch the trainable yields,
-    the trial's stdout and stderr captured into ``output.log`` in its folder."""
+    the trial's stdout and stderr captured into ``output.log`` in its folder (with what ends
+    the process, should it die: :func:`~search.run.death.exit_noted`)."""
     found = declarations(job.trainable)  # imports its module (and its framework)
     device, node = _placement()
     ctx = _context(config, job, device)
-    with captured(_log_dir(ctx)) as log:
+    with captured(_log_dir(ctx)) as log, exit_noted():
         where = {DEVICE: device, NODE: node, **({LOG: str(log)} if log else {})}
         _run(found.train, config, job, data, ctx, where, watch_reads=not found.declared)
 

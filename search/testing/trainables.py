@@ -31,6 +31,8 @@ def curve(config: Mapping[str, Any], data: Dataset, ctx: TrialContext) -> Iterat
         lr: Above 1.0 the loss turns NaN at epoch 2 (an exploding run).
         raise_at: Epoch at which the trainable raises ``ValueError``, every attempt.
         fail_once_at: Epoch at which the first attempt raises ``RuntimeError``.
+        die_at: Epoch at which the process dies, every attempt: by ``die_by``, ``"exit"``
+            (``os._exit(3)``, the default) or ``"segfault"`` (a read of address 0: SIGSEGV).
         stop_at: Epoch after which it stops on its own (early stopping).
         sleep: Seconds to wait after each epoch.
         hang_at: Epoch in which the trial hangs (sleeps for good): no result, no error.
@@ -55,6 +57,7 @@ def curve(config: Mapping[str, Any], data: Dataset, ctx: TrialContext) -> Iterat
             ctx.trial_number
         ):
             time.sleep(10**6)  # a deadlock, a stuck data loader: silence, no error
+        _die(config, epoch)
         accuracy = quality * (1.0 - 0.5**epoch)
         loss = 1.0 - accuracy
         if float(config.get("lr", 0.0)) > 1.0 and epoch >= 2:
@@ -67,6 +70,17 @@ def curve(config: Mapping[str, Any], data: Dataset, ctx: TrialContext) -> Iterat
         if config.get("stop_at") == epoch:
             return
         time.sleep(float(config.get("sleep", 0.0)))
+
+
+def _die(config: Mapping[str, Any], epoch: int) -> None:
+    """Ends the trial's process the hard way at epoch ``die_at``."""
+    if config.get("die_at") != epoch:
+        return
+    if config.get("die_by") == "segfault":
+        import ctypes
+
+        ctypes.string_at(0)  # reads address 0: SIGSEGV
+    os._exit(3)
 
 
 _TRACE_KEYS = ("trace_dir", "wait_for", "oom_below_share")
