@@ -124,3 +124,24 @@ def test_capture_is_at_the_fd_level_and_restored_per_trial(
         assert path is not None and path.read_text() == f"out {n}\nerr {n}\n"
     os.write(1, b"after\n")
     assert capfd.readouterr().out == "after\n"
+
+
+def test_logs_rank_prints_one_process_of_a_data_parallel_trial(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path}/r.db"
+    study = optuna.create_study(study_name="r", storage=url)
+    trial = study.ask()
+    (tmp_path / "output.log").write_text("rank 0 line\n")
+    (tmp_path / "output.rank1.log").write_text("rank 1 line\n")
+    (tmp_path / "output.rank10.log").write_text("rank 10 line\n")
+    trial.set_user_attr("log", str(tmp_path / "output.log"))
+    study.tell(trial, 1.0)
+    runner = CliRunner()
+    for rank, text in (("0", "rank 0 line\n"), ("1", "rank 1 line\n"), ("10", "rank 10 line\n")):
+        shown = runner.invoke(app, ["logs", "r", "0", "--rank", rank, "--storage", url])
+        assert (shown.exit_code, shown.output) == (0, text)
+    missing = runner.invoke(app, ["logs", "r", "0", "--rank", "2", "--storage", url])
+    assert missing.exit_code == 2
+    assert missing.output.strip().splitlines() == [
+        "error: --rank: trial 0 of study 'r' has no output of rank 2 (output.rank2.log is not "
+        "beside output.log; ranks with output: 0, 1, 10)"
+    ]

@@ -195,7 +195,7 @@ def run_trial(config: dict[str, Any], job: TrialJob, data: Dataset) -> None:
     ctx = _context(config, job, device)
     with captured(_log_dir(ctx)) as log:
         where = {DEVICE: device, NODE: node, **({LOG: str(log)} if log else {})}
-        _run(train, config, job, data, ctx, where)
+        _run(train, config, job, data, ctx, where, log)
 
 
 def _run(
@@ -205,8 +205,10 @@ def _run(
     data: Dataset,
     ctx: TrialContext,
     where: dict[str, Any],
+    log: Path | None = None,
 ) -> None:
-    """Drives one attempt of the trial; ``where`` goes into every report."""
+    """Drives one attempt of the trial; ``where`` goes into every report. ``log``: the
+    trial's ``output.log``, beside which the other ranks of a data-parallel trial write."""
     from ray import tune
 
     if ctx.checkpoint_dir:  # the attempt starts: its first checkpoint comes every_s later
@@ -214,7 +216,7 @@ def _run(
     limits = apply_limits(ctx)
     params = {k: v for k, v in config.items() if not k.startswith(RESERVED_PREFIX)}
     if job.workers > 1:
-        epochs = data_parallel(job.trainable, params, data, ctx, job.workers)
+        epochs = data_parallel(job.trainable, params, data, ctx, job.workers, log)
     else:
         epochs = train(params, data, ctx)
     planned = job.workers * int(job.extras.get("replicas") or 1)
