@@ -14,6 +14,7 @@ import pytest
 from typer.testing import CliRunner
 
 from search.cli import app
+from search.record.artifacts import attached, store_path
 from search.record.study import load_study
 from search.report.logs import print_log
 from search.run.output import captured
@@ -60,6 +61,18 @@ def test_each_trial_output_log_holds_its_own_prints_and_the_trial_names_it(ran: 
     failed = study.trials[FAILS]
     assert failed.state.name == "FAIL"
     assert Path(failed.user_attrs["traceback"]).parent == Path(failed.user_attrs["log"]).parent
+
+
+@pytest.mark.ray
+def test_each_finished_trial_has_its_output_as_a_dashboard_artifact(ran: tuple) -> None:
+    _, study, tmp, _ = ran
+    have = attached(study)
+    for t in study.trials:  # the failed one too
+        name = f"trial-{t.number:04d}-output.log"
+        assert list(have[t._trial_id]) == [name]
+        body = (store_path(tmp / "results", "chat") / have[t._trial_id][name]).read_text()
+        assert body == Path(t.user_attrs["log"]).read_text()
+        assert f"stdout of trial {t.number}\n" in body
 
 
 @pytest.mark.ray

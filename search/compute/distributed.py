@@ -32,6 +32,7 @@ from __future__ import annotations
 import contextlib
 import os
 import pickle
+import re
 import shutil
 import socket
 import subprocess
@@ -69,6 +70,16 @@ def rank_log(log: str | Path, rank: int) -> Path:
     """
     path = Path(log)
     return path if rank == 0 else path.with_name(f"{path.stem}.rank{rank}{path.suffix}")
+
+
+def rank_logs(log: str | Path) -> dict[int, Path]:
+    """The output files of a trial whose output is ``log``, by rank (0 first): ``log`` and
+    each :func:`rank_log` beside it that is there."""
+    path = Path(log)
+    pattern = re.compile(rf"{re.escape(path.stem)}\.rank(\d+){re.escape(path.suffix)}")
+    found = (pattern.fullmatch(p.name) for p in path.parent.glob(f"{path.stem}.rank*"))
+    others = sorted(int(m.group(1)) for m in found if m)
+    return {r: rank_log(path, r) for r in ([0] if path.is_file() else []) + others}
 
 
 class WorkerLost(RuntimeError):

@@ -8,7 +8,6 @@ The other processes of a data-parallel trial write beside it, rank ``N`` to
 
 from __future__ import annotations
 
-import re
 import sys
 import time
 from pathlib import Path
@@ -16,7 +15,7 @@ from typing import IO, TYPE_CHECKING
 
 from optuna.trial import TrialState
 
-from search.compute.distributed import rank_log
+from search.compute.distributed import rank_log, rank_logs
 from search.errors import SearchError
 
 if TYPE_CHECKING:
@@ -56,7 +55,7 @@ def log_path(study: optuna.Study, number: int, rank: int = 0) -> Path:
         )
     wanted = rank_log(path, rank)
     if rank and not wanted.is_file():
-        found = ", ".join(str(r) for r in ranks(Path(path)))
+        found = ", ".join(str(r) for r in rank_logs(path))
         raise SearchError(
             f"--rank: trial {number} of study {study.study_name!r} has no output of rank "
             f"{rank} ({wanted.name} is not beside {Path(path).name}; ranks with output: "
@@ -68,14 +67,6 @@ def log_path(study: optuna.Study, number: int, rank: int = 0) -> Path:
             "on the node that ran it)"
         )
     return wanted
-
-
-def ranks(log: Path) -> list[int]:
-    """The ranks whose output is in ``log``'s folder: 0 (``log`` itself) and each
-    ``output.rank<N>.log`` beside it, in order."""
-    pattern = re.compile(rf"{re.escape(log.stem)}\.rank(\d+){re.escape(log.suffix)}")
-    others = (pattern.fullmatch(p.name) for p in log.parent.glob(f"{log.stem}.rank*"))
-    return ([0] if log.is_file() else []) + sorted(int(m.group(1)) for m in others if m)
 
 
 def print_log(

@@ -33,6 +33,7 @@ from search.run.bridge import ErrorCallback, OptunaBridge
 from search.run.budget import BUDGET_CAUSE, DeviceBudget, budget_for, spent_before
 from search.run.cluster import init_ray
 from search.run.moasha import MultiObjectiveASHA
+from search.run.output import attach_output
 from search.run.progress import ProgressCallback
 from search.run.scheduler import PruneReportingASHA, build_scheduler
 from search.run.signals import Termination
@@ -86,7 +87,11 @@ def fit(
         objectives=[o.metric for o in spec.objectives[1:]],
         seed=spec.sampler.seed or 0,
         run_id=run_id,
-        listeners=[watch, lambda done: append_epochs(table, done.number, done.metrics)],
+        listeners=[
+            watch,
+            lambda done: append_epochs(table, done.number, done.metrics),
+            lambda done: attach_output(study, done.number, done.log, options.results_dir),
+        ],
         start=pending_start(study, spec),
     )
     stopper = RunStopper(spec.budget.time_limit_s, bridge.mark_interrupted, lambda: watch.verdict)
