@@ -90,7 +90,9 @@ def fit(
         listeners=[
             watch,
             lambda done: append_epochs(table, done.number, done.metrics),
-            lambda done: attach_output(study, done.number, done.log, options.results_dir),
+            # the bridge's study, read when a trial ends: Ray pickles the bridge and its
+            # listeners (tuner.pkl), and the bridge leaves its study (and storage) out
+            lambda done: attach_output(bridge.study, done.number, done.log, options.results_dir),
         ],
         start=pending_start(study, spec),
     )
