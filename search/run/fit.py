@@ -29,7 +29,7 @@ from search.record.queries import EPOCHS_FILE, append_epochs, objective_curves, 
 from search.record.resume import earlier_curves
 from search.record.warm import pending_start
 from search.record.writeback import WriteBehindStorage
-from search.run.bridge import ErrorCallback, OptunaBridge
+from search.run.bridge import ErrorCallback, OptunaBridge, Outcome
 from search.run.budget import BUDGET_CAUSE, DeviceBudget, budget_for, spent_before
 from search.run.cluster import init_ray
 from search.run.moasha import MultiObjectiveASHA
@@ -77,6 +77,12 @@ def fit(
         print(placement.note, file=sys.stderr)
     watch = FailFast(min(FIRST, budget))
     table = options.results_dir / spec.study / EPOCHS_FILE
+
+    def attach(done: Outcome) -> None:
+        # the bridge's study, read when a trial ends: Ray pickles the bridge and its
+        # listeners (tuner.pkl), and the bridge leaves its study (and storage) out
+        attach_output(bridge.study, done.number, done.log, options.results_dir)
+
     bridge = OptunaBridge(
         study,
         spec.space,
@@ -90,9 +96,7 @@ def fit(
         listeners=[
             watch,
             lambda done: append_epochs(table, done.number, done.metrics),
-            # the bridge's study, read when a trial ends: Ray pickles the bridge and its
-            # listeners (tuner.pkl), and the bridge leaves its study (and storage) out
-            lambda done: attach_output(bridge.study, done.number, done.log, options.results_dir),
+            attach,
         ],
         start=pending_start(study, spec),
     )
