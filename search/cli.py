@@ -208,6 +208,13 @@ def logs(
     follow: Annotated[
         bool, typer.Option("--follow", help="Go on printing until the trial stops running.")
     ] = False,
+    rank: Annotated[
+        int,
+        typer.Option(
+            min=0,
+            help="The process of a data-parallel trial (0 reports; N writes output.rankN.log).",
+        ),
+    ] = 0,
 ) -> None:
     """Print a trial's stdout and stderr (its output.log, named by user_attrs.log)."""
     from search.record.study import load_study
@@ -215,7 +222,7 @@ def logs(
     from search.run.preflight import check_storage
 
     check_storage(storage, "--storage")
-    print_log(load_study(study, storage), trial, follow=follow)
+    print_log(load_study(study, storage), trial, follow=follow, rank=rank)
 
 
 @app.command()

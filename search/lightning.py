@@ -19,14 +19,26 @@ thread, and a last callback's ``on_train_epoch_end`` (in Lightning 2, after the 
 validation) hands ``trainer.callback_metrics`` (as floats) to the generator and waits until
 the generator is asked for the next epoch. Closing the generator (ASHA's prune, the epoch
 budget) sets ``trainer.should_stop``, releases the callback and joins the thread; an
-exception in ``fit`` is raised in the caller. The hand-off is written here in a few lines
-rather than shared with :mod:`search.keras` (whose callback also saves Keras' patience
-counters); data-parallel (DDP) training is not supported: one device per trial.
+exception in ``fit`` is raised in the caller.
+
+**Several devices (DDP).** A trainable declared ``@trainable(data_parallel=True)`` in a trial
+of several devices (``gpus_per_trial: 2``, or ``workers_per_trial: 2`` on CPU) runs in one
+process per device, which :mod:`search.compute.distributed` starts and joins into a
+``torch.distributed`` group before the trainable runs (NCCL on GPUs, gloo on CPU). Each
+process calls :func:`fit`, which then gives the trainer ``DDPStrategy`` over
+``ctx.world_size`` devices with a cluster environment that reads the ranks from the context
+and says the processes exist already, so Lightning starts none of its own (its ``ddp`` and
+``ddp_spawn`` launchers would start them again inside the Ray actor) and uses the group as
+it is, the way Ray Train's ``RayDDPStrategy`` and ``RayLightningEnvironment`` do. Lightning
+shards the loaders (``DistributedSampler``) and syncs what the module logs with
+``sync_dist=True``; only rank 0's metrics reach the study, and stopping the trial stops every
+rank (the processes are ended together).
 
 **Checkpoints.** With ``ctx.checkpoint_dir`` every epoch end writes, before its metrics are
 handed out, ``last.ckpt`` (``trainer.save_checkpoint``: weights, optimizer, loops and
 callbacks); with ``ctx.restore_dir`` the fit resumes from its ``last.ckpt``
-(``ckpt_path=``), at the epoch after the saved one.
+(``ckpt_path=``), at the epoch after the saved one. In a DDP trial only rank 0 has the
+folder, but every rank calls ``save_checkpoint`` (it ends on a barrier); rank 0 writes.
 """
 
 from __future__ import annotations
@@ -57,16 +69,18 @@ def fit(
     """Runs ``trainer.fit(module, ...)`` once over the trial's epochs, yielding each.
 
     The trainer gets ``max_epochs=ctx.max_epochs``, ``logger=False``, no progress bar and no
-    model summary, the CPU unless ``ctx.device`` is ``"cuda"``, then ``trainer_kwargs``
-    (whose ``precision`` may be a knob value, ``"fp32"``, ``"bf16"`` or ``"fp16"``). After
-    the last epoch the generator returns ``module``.
+    model summary, the CPU unless ``ctx.device`` is ``"cuda"``, ``ctx.world_size`` devices
+    (with ``DDPStrategy`` over the trial's processes when there are several), then
+    ``trainer_kwargs`` (whose ``precision`` may be a knob value, ``"fp32"``, ``"bf16"`` or
+    ``"fp16"``). After the last epoch the generator returns ``module``.
 
     Yields:
         Each epoch's ``trainer.callback_metrics`` (``val_loss``, ...), as Python floats.
 
     Raises:
         ImportError: When Lightning is not installed (on the call, not the first epoch).
-        TypeError: When ``trainer_kwargs`` sets ``max_epochs`` (the context sets it).
+        TypeError: When ``trainer_kwargs`` sets ``max_epochs`` (the context sets it), or
+            ``strategy`` or ``devices`` in a trial of several processes.
         Exception: Whatever ``trainer.fit`` raised, in the caller.
     """
     if importlib.util.find_spec("lightning") is None:
@@ -74,6 +88,12 @@ def fit(
     kwargs = dict(trainer_kwargs or {})
     if "max_epochs" in kwargs:
         raise TypeError("search.lightning.fit sets max_epochs from the trial's context")
+    taken = sorted({"strategy", "devices"} & kwargs.keys())
+    if ctx.world_size > 1 and taken:
+        raise TypeError(
+            f"search.lightning.fit sets {' and '.join(taken)} in a trial of "
+            f"{ctx.world_size} processes (DDP over the trial's devices)"
+        )
     loaders = {
         "datamodule": datamodule,
         "train_dataloaders": train_dataloaders,
@@ -91,7 +111,7 @@ def trainer_options(ctx: TrialContext, trainer_kwargs: Mapping[str, Any]) -> dic
         "enable_model_summary": False,
         "enable_checkpointing": False,
         "accelerator": "gpu" if ctx.device == "cuda" else "cpu",
-        "devices": 1,
+        "devices": ctx.world_size,
         **trainer_kwargs,
     }
     precision = options.get("precision")
@@ -106,6 +126,8 @@ def _fit(
 
     handoff = _Handoff(ctx)
     options = trainer_options(ctx, kwargs)
+    if ctx.world_size > 1:
+        options["strategy"] = _ddp_strategy(ctx)
     options["callbacks"] = [*options.get("callbacks", []), handoff.callback()]
     trainer = lightning.Trainer(**options)
     handoff.trainer = trainer
@@ -114,6 +136,52 @@ def _fit(
     name = f"lightning-fit-{ctx.trial_number}"
     yield from drive(handoff, lambda: trainer.fit(module, **loaders), name, handoff.stop)
     return module
+
+
+def _ddp_strategy(ctx: TrialContext) -> Any:
+    """``DDPStrategy`` over the process group this trial's processes already joined.
+
+    Raises:
+        RuntimeError: When no group is there (``ctx.world_size`` set by hand, not by
+            :mod:`search.compute.distributed`).
+    """
+    import torch.distributed as dist
+    from lightning.pytorch.plugins.environments import LightningEnvironment
+    from lightning.pytorch.strategies import DDPStrategy
+
+    if not (dist.is_available() and dist.is_initialized()):
+        raise RuntimeError(
+            f"search.lightning.fit: ctx.world_size is {ctx.world_size} but this process is in "
+            "no torch.distributed group (search.compute.distributed starts and joins them)"
+        )
+
+    class _TrialProcesses(LightningEnvironment):
+        """The trial's ranks, from its context; the processes exist already."""
+
+        @property
+        def creates_processes_externally(self) -> bool:
+            return True
+
+        def world_size(self) -> int:
+            return ctx.world_size
+
+        def global_rank(self) -> int:
+            return ctx.rank
+
+        def local_rank(self) -> int:
+            return ctx.rank  # one node: rank r trains on the r-th of the trial's devices
+
+        def node_rank(self) -> int:
+            return 0
+
+        def set_world_size(self, size: int) -> None:
+            pass  # the context's, not what Lightning counts
+
+        def set_global_rank(self, rank: int) -> None:
+            pass
+
+    backend = "nccl" if ctx.device == "cuda" else "gloo"
+    return DDPStrategy(cluster_environment=_TrialProcesses(), process_group_backend=backend)
 
 
 class _Handoff(Handoff):
@@ -145,9 +213,13 @@ class _Handoff(Handoff):
         """Saves ``last.ckpt``, hands the metrics out, waits to be asked for the next."""
         raw = as_metrics(dict(trainer.callback_metrics))
         metrics = {k: v for k, v in raw.items() if isinstance(v, float)}
-        if self.ctx.checkpoint_dir:
-            folder = Path(self.ctx.checkpoint_dir)
-            folder.mkdir(parents=True, exist_ok=True)
-            trainer.save_checkpoint(folder / CHECKPOINT_FILE)
+        folder = self.ctx.checkpoint_dir
+        saves = folder is not None
+        if self.ctx.world_size > 1:  # rank 0 has the folder; every rank must save (a barrier)
+            saves = bool(trainer.strategy.broadcast(saves, src=0))
+        if saves:
+            if folder is not None:
+                Path(folder).mkdir(parents=True, exist_ok=True)
+            trainer.save_checkpoint(Path(folder or ".") / CHECKPOINT_FILE)  # rank 0 writes
         if not self.hand(metrics):
             trainer.should_stop = True

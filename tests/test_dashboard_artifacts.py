@@ -27,9 +27,11 @@ import pytest
 from optuna.distributions import FloatDistribution
 from optuna.trial import TrialState, create_trial
 
+from search.record.artifacts import attached, store_path
 from search.record.queries import EPOCHS_FILE
 from search.report.artifacts import attach_file, publish_artifacts
 from search.report.dashboard import dashboard_app, publish_study
+from search.run.output import attach_output
 from tests.conftest import REPO
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -245,3 +247,30 @@ def test_dashboard_command_publishes_and_serves_the_artifacts(tmp_path: Path) ->
     finally:
         proc.terminate()
         proc.wait(timeout=10)
+
+
+def test_a_trials_output_is_attached_capped_to_its_end_with_every_ranks_file(
+    tmp_path: Path,
+) -> None:
+    url, results = f"sqlite:///{tmp_path}/optuna.db", tmp_path / "results"
+    study = _study(url, "logs", ["maximize"], ["val_accuracy"])
+    study.add_trial(_trial(TrialState.COMPLETE, [0.5], [0.5]))
+    log = tmp_path / "trial" / "output.log"
+    log.parent.mkdir()
+    text = "".join(f"line {n}\n" for n in range(1000))
+    log.write_text(text)
+    log.with_name("output.rank1.log").write_text("rank 1 says hello\n")
+    names = attach_output(study, 0, log, results, limit=100)
+    assert names == ["trial-0000-output.log", "trial-0000-output.rank1.log"]
+    trial_id = study.trials[0]._trial_id
+    ids = attached(study)[trial_id]
+    folder = store_path(results, "logs")
+    capped = (folder / ids["trial-0000-output.log"]).read_text()
+    cut = text.index("\n", len(text) - 100) + 1  # the last 100 bytes, from a whole line
+    assert capped == f"[first {cut} bytes left out]\n" + text[cut:]
+    assert capped.splitlines()[1:3] == ["line 989", "line 990"]
+    assert (folder / ids["trial-0000-output.rank1.log"]).read_text() == "rank 1 says hello\n"
+    attrs = study._storage.get_study_system_attrs(study._study_id)
+    key = next(k for k in attrs if k.endswith(ids["trial-0000-output.log"]))
+    assert json.loads(attrs[key])["mimetype"] == "text/plain"
+    assert attach_output(study, 0, None, results) == []  # never started: no output

@@ -33,6 +33,7 @@ def probe(config: Mapping[str, Any], data: Dataset, ctx: TrialContext) -> Iterat
     import torch.distributed as dist
 
     rank, world = dist.get_rank(), dist.get_world_size()
+    print(f"rank {rank} of {world} says hello", flush=True)
     pids = [torch.zeros(1, dtype=torch.float64) for _ in range(world)]
     dist.all_gather(pids, torch.tensor([float(os.getpid())], dtype=torch.float64))
     for epoch in range(ctx.start_epoch, ctx.max_epochs + 1):
@@ -66,6 +67,17 @@ def test_two_gloo_workers_report_through_rank_zero_and_die_with_the_trial() -> N
     assert all(_alive(pid) for pid in pids)
     epochs.close()  # what ASHA's stop does to the trial's generator
     assert not any(_alive(pid) for pid in pids)
+
+
+def test_other_ranks_write_their_output_beside_the_trials_log(
+    tmp_path: Path, capfd: pytest.CaptureFixture
+) -> None:
+    ctx = TrialContext(max_epochs=1, num_threads=1)
+    log = tmp_path / "output.log"  # what the worker captures this process's fds into
+    list(data_parallel("tests.test_ddp:probe", {}, load_digits(0.2, 0), ctx, 2, log=log))
+    assert (tmp_path / "output.rank1.log").read_text() == "rank 1 of 2 says hello\n"
+    assert "rank 0 of 2 says hello\n" in capfd.readouterr().out  # rank 0: the actor's own
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["output.rank1.log"]
 
 
 def test_an_error_on_any_rank_ends_the_trial_with_that_error() -> None:

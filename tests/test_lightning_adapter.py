@@ -105,3 +105,13 @@ def test_without_lightning_fit_says_how_to_install_it(monkeypatch: pytest.Monkey
 def test_max_epochs_comes_from_the_context() -> None:
     with pytest.raises(TypeError, match="max_epochs"):
         search.lightning.fit(object(), TrialContext(max_epochs=1), trainer_kwargs={"max_epochs": 3})
+
+
+def test_a_trial_of_several_processes_takes_strategy_and_devices_itself() -> None:
+    ddp = TrialContext(max_epochs=1, world_size=2, rank=1)
+    assert search.lightning.trainer_options(ddp, {})["devices"] == 2
+    with pytest.raises(TypeError, match="sets devices and strategy in a trial of 2 processes"):
+        search.lightning.fit(object(), ddp, trainer_kwargs={"strategy": "ddp", "devices": 2})
+    alone = search.lightning.fit(object(), ddp)  # world_size set by hand: no process group
+    with pytest.raises(RuntimeError, match="ctx.world_size is 2 but this process is in no"):
+        next(alone)

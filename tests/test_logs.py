@@ -14,6 +14,7 @@ import pytest
 from typer.testing import CliRunner
 
 from search.cli import app
+from search.record.artifacts import attached, store_path
 from search.record.study import load_study
 from search.report.logs import print_log
 from search.run.output import captured
@@ -60,6 +61,18 @@ def test_each_trial_output_log_holds_its_own_prints_and_the_trial_names_it(ran: 
     failed = study.trials[FAILS]
     assert failed.state.name == "FAIL"
     assert Path(failed.user_attrs["traceback"]).parent == Path(failed.user_attrs["log"]).parent
+
+
+@pytest.mark.ray
+def test_each_finished_trial_has_its_output_as_a_dashboard_artifact(ran: tuple) -> None:
+    _, study, tmp, _ = ran
+    have = attached(study)
+    for t in study.trials:  # the failed one too
+        name = f"trial-{t.number:04d}-output.log"
+        assert list(have[t._trial_id]) == [name]
+        body = (store_path(tmp / "results", "chat") / have[t._trial_id][name]).read_text()
+        assert body == Path(t.user_attrs["log"]).read_text()
+        assert f"stdout of trial {t.number}\n" in body
 
 
 @pytest.mark.ray
@@ -124,3 +137,24 @@ def test_capture_is_at_the_fd_level_and_restored_per_trial(
         assert path is not None and path.read_text() == f"out {n}\nerr {n}\n"
     os.write(1, b"after\n")
     assert capfd.readouterr().out == "after\n"
+
+
+def test_logs_rank_prints_one_process_of_a_data_parallel_trial(tmp_path: Path) -> None:
+    url = f"sqlite:///{tmp_path}/r.db"
+    study = optuna.create_study(study_name="r", storage=url)
+    trial = study.ask()
+    (tmp_path / "output.log").write_text("rank 0 line\n")
+    (tmp_path / "output.rank1.log").write_text("rank 1 line\n")
+    (tmp_path / "output.rank10.log").write_text("rank 10 line\n")
+    trial.set_user_attr("log", str(tmp_path / "output.log"))
+    study.tell(trial, 1.0)
+    runner = CliRunner()
+    for rank, text in (("0", "rank 0 line\n"), ("1", "rank 1 line\n"), ("10", "rank 10 line\n")):
+        shown = runner.invoke(app, ["logs", "r", "0", "--rank", rank, "--storage", url])
+        assert (shown.exit_code, shown.output) == (0, text)
+    missing = runner.invoke(app, ["logs", "r", "0", "--rank", "2", "--storage", url])
+    assert missing.exit_code == 2
+    assert missing.output.strip().splitlines() == [
+        "error: --rank: trial 0 of study 'r' has no output of rank 2 (output.rank2.log is not "
+        "beside output.log; ranks with output: 0, 1, 10)"
+    ]

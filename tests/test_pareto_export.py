@@ -25,6 +25,7 @@ from search.handover.export import export_study
 from search.handover.pareto import export_pareto
 from search.handover.pick import pick_trial
 from search.handover.train import ExportError
+from search.record.artifacts import attached
 from search.record.queries import pareto_trials
 from search.record.study import (
     CONFIRM_SUFFIX,
@@ -33,7 +34,6 @@ from search.record.study import (
     open_study,
     record_spec,
 )
-from search.report.artifacts import attached
 from search.run.runner import RunOptions, run_study
 from search.spec.schema import parse_spec
 from tests.conftest import base_spec

@@ -20,12 +20,19 @@ parent's ``__main__``, which in a Ray worker is Ray's own worker script. The pro
 ``CUDA_VISIBLE_DEVICES`` as Ray set it for the actor (rank r trains on the r-th of the trial's
 GPUs, NCCL) or, without GPUs, the gloo backend; they rendezvous through a file store in a
 private temporary folder (no port to race for).
+
+Output: rank 0 writes where the actor writes (the trial's ``output.log``, captured by the
+worker); every other rank, given the log's path, writes its stdout and stderr beside it, to
+``output.rank<N>.log`` (:func:`rank_log`), so ``search logs --rank N`` shows one process's
+lines unmixed.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import pickle
+import re
 import shutil
 import socket
 import subprocess
@@ -35,7 +42,8 @@ import time
 from collections.abc import Iterator, Mapping
 from dataclasses import replace
 from multiprocessing.connection import Connection, wait
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 from search.contract import declarations
 
@@ -53,16 +61,44 @@ def _send(conn: Connection, message: tuple[str, Any]) -> None:
         conn.send((kind, RuntimeError(f"{type(payload).__name__}: {payload}")))
 
 
+def rank_log(log: str | Path, rank: int) -> Path:
+    """Where rank ``rank`` of a trial whose output is ``log`` writes its own.
+
+    Example:
+        >>> rank_log("trial/output.log", 0), rank_log("trial/output.log", 2)
+        (PosixPath('trial/output.log'), PosixPath('trial/output.rank2.log'))
+    """
+    path = Path(log)
+    return path if rank == 0 else path.with_name(f"{path.stem}.rank{rank}{path.suffix}")
+
+
+def rank_logs(log: str | Path) -> dict[int, Path]:
+    """The output files of a trial whose output is ``log``, by rank (0 first): ``log`` and
+    each :func:`rank_log` beside it that is there."""
+    path = Path(log)
+    pattern = re.compile(rf"{re.escape(path.stem)}\.rank(\d+){re.escape(path.suffix)}")
+    found = (pattern.fullmatch(p.name) for p in path.parent.glob(f"{path.stem}.rank*"))
+    others = sorted(int(m.group(1)) for m in found if m)
+    return {r: rank_log(path, r) for r in ([0] if path.is_file() else []) + others}
+
+
 class WorkerLost(RuntimeError):
     """A training process of the trial died without saying why (killed, crashed)."""
 
 
 def data_parallel(
-    trainable: str, params: Mapping[str, Any], data: Dataset, ctx: TrialContext, workers: int
+    trainable: str,
+    params: Mapping[str, Any],
+    data: Dataset,
+    ctx: TrialContext,
+    workers: int,
+    log: str | Path | None = None,
 ) -> Iterator[Metrics]:
     """Trains one trial with ``workers`` processes; yields rank 0's metrics once per epoch.
 
-    Closing the generator (ASHA stopped the trial) kills the processes.
+    Closing the generator (ASHA stopped the trial) kills the processes. With ``log`` (the
+    trial's ``output.log``), ranks above 0 append their output to :func:`rank_log` of it;
+    without, every rank writes to this process's stdout and stderr.
     """
     folder = tempfile.mkdtemp(prefix="search-ddp-")
     store = f"file://{folder}/store"
@@ -74,14 +110,17 @@ def data_parallel(
         for rank in range(workers):
             ours, theirs = socket.socketpair()
             child_env = {**env, FD_ENV: str(theirs.fileno())}
-            procs.append(
-                subprocess.Popen(
-                    [sys.executable, "-m", "search.compute.distributed"],
-                    env=child_env,
-                    pass_fds=(theirs.fileno(),),
-                    stdin=subprocess.DEVNULL,
+            with _output(log, rank) as out:
+                procs.append(
+                    subprocess.Popen(
+                        [sys.executable, "-m", "search.compute.distributed"],
+                        env=child_env,
+                        pass_fds=(theirs.fileno(),),
+                        stdin=subprocess.DEVNULL,
+                        stdout=out,
+                        stderr=out,
+                    )
                 )
-            )
             theirs.close()
             conns.append(Connection(ours.detach()))
             rank_ctx = replace(
@@ -121,6 +160,23 @@ def data_parallel(
         for proc in procs:
             proc.wait()
         shutil.rmtree(folder, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _output(log: str | Path | None, rank: int) -> Iterator[BinaryIO | None]:
+    """The file rank ``rank`` writes to (``None``: this process's own stdout and stderr),
+    open while the process starts; a file that cannot be opened leaves the output where it
+    was, and the rank trains anyway."""
+    if log is None or rank == 0:
+        yield None
+        return
+    try:
+        file = rank_log(log, rank).open("ab", buffering=0)
+    except OSError:
+        yield None
+        return
+    with file:
+        yield file
 
 
 def _worker(conn: Connection) -> None:

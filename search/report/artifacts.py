@@ -2,72 +2,30 @@
 
 A trial's numbers live in the study, but its other metrics (loss, accuracy, whatever the
 trainable yields) only in ``results/<study>/epochs.csv``, which the dashboard cannot read. So
-each finished trial that trained gets two files in a
-:class:`~optuna.artifacts.FileSystemArtifactStore` under ``results/<study>/artifacts``: a PNG of
-every numeric metric per epoch and the same numbers as a CSV table.
-
-Where the metadata goes: :func:`optuna.artifacts.upload_artifact` writes it to the trial's
-system attributes, which Optuna refuses for a finished trial (``UpdateFinishedTrialError``), and
-only the driver writes to a running one. So the metadata of a trial's artifact goes to the
-study's system attributes under optuna-dashboard's own key for trial artifacts
-(``dashboard:artifacts:<trial_id>:<artifact_id>``), which its artifact tab and its
-``/artifacts/<study_id>/<trial_id>/<artifact_id>`` route read; the study's own artifacts use
-Optuna's key. A trial that has both files is skipped, so publishing again costs one read.
+each finished trial that trained gets two files in the study's artifact store
+(:mod:`search.record.artifacts`, under ``results/<study>/artifacts``): a PNG of every numeric
+metric per epoch and the same numbers as a CSV table. A trial that has both files is skipped,
+so publishing again costs one read.
 """
 
 from __future__ import annotations
 
 import csv
-import json
 import math
-import mimetypes
 import tempfile
-import uuid
 from collections import defaultdict
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from search.record.artifacts import attached, made, store_path, upload
 from search.record.queries import EPOCHS_FILE, read_epochs
 
 if TYPE_CHECKING:
     import optuna
     from optuna.trial import FrozenTrial
 
-ARTIFACTS_DIR = "artifacts"
-ATTR_PREFIX = "artifacts:"
-"""Optuna's key prefix for an artifact's metadata (a study's own artifacts here)."""
-TRIAL_PREFIX = "dashboard:artifacts:"
-"""optuna-dashboard's key prefix, on the study, for a trial's artifact: ``<trial_id>:<id>``."""
 Curves = dict[str, list[tuple[int, float]]]
 """One trial's metrics: each name's ``(epoch, value)`` points, by epoch."""
-
-
-def store_path(results_dir: Path, study_name: str) -> Path:
-    """The artifact folder of ``study_name``: ``results_dir/<study>/artifacts``."""
-    return Path(results_dir) / study_name / ARTIFACTS_DIR
-
-
-def attached(study: optuna.Study) -> dict[int | None, dict[str, str]]:
-    """The artifacts ``study`` has: by trial id (``None``: the study's own), each file name
-    mapped to its artifact id; from the study's system attributes and the trials' own."""
-    found: dict[int | None, dict[str, str]] = defaultdict(dict)
-    attrs = study._storage.get_study_system_attrs(study._study_id)
-    for key, raw in attrs.items():
-        if key.startswith(TRIAL_PREFIX):
-            _add(found[int(key[len(TRIAL_PREFIX) :].split(":")[0])], raw)
-        elif key.startswith(ATTR_PREFIX):
-            _add(found[None], raw)
-    for trial in study.get_trials(deepcopy=False):
-        for key, raw in trial.system_attrs.items():
-            if key.startswith(ATTR_PREFIX):  # optuna.artifacts.upload_artifact while it ran
-                _add(found[trial._trial_id], raw)
-    return found
-
-
-def _add(names: dict[str, str], raw: Any) -> None:
-    meta = json.loads(raw) if isinstance(raw, str) else None
-    if isinstance(meta, dict):  # the dashboard marks a deleted artifact with null
-        names[str(meta["filename"])] = str(meta["artifact_id"])
 
 
 def read_curves(table: Path) -> dict[int, Curves]:
@@ -200,7 +158,7 @@ def _publish(
 
     table = read_curves(folder.parent / EPOCHS_FILE)
     objective = (study.metric_names or ["value"])[0]
-    store = FileSystemArtifactStore(_made(folder))
+    store = FileSystemArtifactStore(made(folder))
     figures: dict[tuple[str, ...], CurveFigure] = {}
     published = 0
     with tempfile.TemporaryDirectory() as tmp:
@@ -216,13 +174,9 @@ def _publish(
                     figure.draw(curves, title, path)
                 else:
                     write_table(curves, path)
-                _upload(
-                    study,
-                    store,
-                    path,
-                    trial._trial_id,
-                    have.get(trial._trial_id, {}).get(path.name),
-                )
+                with path.open("rb") as body:
+                    artifact_id = have.get(trial._trial_id, {}).get(path.name)
+                    upload(study, store, body, path.name, trial._trial_id, artifact_id)
             published += 1
     return published
 
@@ -233,30 +187,6 @@ def _lacking(trial: FrozenTrial, ids: dict[str, str], folder: Path) -> set[str]:
     return {
         n for n in (_png(trial), _csv(trial)) if n not in ids or not (folder / ids[n]).is_file()
     }
-
-
-def _upload(
-    study: optuna.Study, store: Any, path: Path, trial_id: int | None, artifact_id: str | None
-) -> str:
-    """Writes ``path`` to ``store`` under ``artifact_id`` (metadata already recorded), or under
-    a new id whose metadata it then records on the study; returns the id."""
-    if artifact_id is not None:
-        with path.open("rb") as f:
-            store.write(artifact_id, f)
-        return artifact_id
-    artifact_id = str(uuid.uuid4())
-    mimetype, encoding = mimetypes.guess_type(path.name)
-    meta = {
-        "artifact_id": artifact_id,
-        "filename": path.name,
-        "mimetype": mimetype or "application/octet-stream",
-        "encoding": encoding,
-    }
-    with path.open("rb") as f:  # the file first: a listed artifact always has its bytes
-        store.write(artifact_id, f)
-    key = ATTR_PREFIX if trial_id is None else f"{TRIAL_PREFIX}{trial_id}:"
-    study._storage.set_study_system_attr(study._study_id, key + artifact_id, json.dumps(meta))
-    return artifact_id
 
 
 def attach_file(
@@ -272,14 +202,11 @@ def attach_file(
     """
     from optuna.artifacts import FileSystemArtifactStore
 
-    store = FileSystemArtifactStore(_made(store_path(results_dir, study.study_name)))
+    store = FileSystemArtifactStore(made(store_path(results_dir, study.study_name)))
     trial_id = None if trial is None else trial._trial_id
-    return _upload(study, store, path, trial_id, attached(study).get(trial_id, {}).get(path.name))
-
-
-def _made(folder: Path) -> Path:
-    folder.mkdir(parents=True, exist_ok=True)
-    return folder
+    artifact_id = attached(study).get(trial_id, {}).get(path.name)
+    with path.open("rb") as body:
+        return upload(study, store, body, path.name, trial_id, artifact_id)
 
 
 def _png(trial: FrozenTrial) -> str:

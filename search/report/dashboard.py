@@ -20,9 +20,10 @@ from typing import TYPE_CHECKING, Any, BinaryIO
 
 import yaml
 
+from search.record.artifacts import ARTIFACTS_DIR, store_path
 from search.record.lease import LEASE_ATTR, held
 from search.record.storage import open_storage
-from search.report.artifacts import ARTIFACTS_DIR, publish_artifacts, store_path
+from search.report.artifacts import publish_artifacts
 
 if TYPE_CHECKING:
     import optuna

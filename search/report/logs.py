@@ -2,6 +2,8 @@
 
 The worker captures each trial's stdout and stderr into ``output.log`` in the trial's folder
 (:mod:`search.run.output`); the study records that file's path on the trial when it starts.
+The other processes of a data-parallel trial write beside it, rank ``N`` to
+``output.rank<N>.log`` (:func:`search.compute.distributed.rank_log`): ``--rank N`` prints one.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from typing import IO, TYPE_CHECKING
 
 from optuna.trial import TrialState
 
+from search.compute.distributed import rank_log, rank_logs
 from search.errors import SearchError
 
 if TYPE_CHECKING:
@@ -36,8 +39,9 @@ def _trial(study: optuna.Study, number: int) -> optuna.trial.FrozenTrial:
     return storage.get_trial(trial_id)
 
 
-def log_path(study: optuna.Study, number: int) -> Path:
-    """Where trial ``number``'s output is (its ``user_attrs.log``), checked to be there.
+def log_path(study: optuna.Study, number: int, rank: int = 0) -> Path:
+    """Where trial ``number``'s output is (its ``user_attrs.log``, or rank ``rank``'s file
+    beside it), checked to be there.
 
     Raises:
         SearchError: The trial is not in the study, records no log, or its file is missing.
@@ -49,21 +53,35 @@ def log_path(study: optuna.Study, number: int) -> Path:
             f"trial {number} of study {study.study_name!r}: user_attrs.log is not set (the "
             "trial never started, or ran before trials recorded their output)"
         )
-    if not Path(path).is_file():
+    wanted = rank_log(path, rank)
+    if rank and not wanted.is_file():
+        found = ", ".join(str(r) for r in rank_logs(path))
+        raise SearchError(
+            f"--rank: trial {number} of study {study.study_name!r} has no output of rank "
+            f"{rank} ({wanted.name} is not beside {Path(path).name}; ranks with output: "
+            f"{found or 'none'})"
+        )
+    if not wanted.is_file():
         raise SearchError(
             f"{path}: trial {number}'s output file is not there (user_attrs.log names a file "
             "on the node that ran it)"
         )
-    return Path(path)
+    return wanted
 
 
 def print_log(
-    study: optuna.Study, number: int, *, follow: bool = False, out: IO[str] | None = None
+    study: optuna.Study,
+    number: int,
+    *,
+    follow: bool = False,
+    rank: int = 0,
+    out: IO[str] | None = None,
 ) -> None:
-    """Prints trial ``number``'s output; with ``follow``, goes on printing what the trial
-    writes until the study no longer holds it as RUNNING."""
+    """Prints trial ``number``'s output (rank ``rank``'s, in a data-parallel trial); with
+    ``follow``, goes on printing what it writes until the study no longer holds the trial as
+    RUNNING."""
     out = out or sys.stdout
-    path = log_path(study, number)
+    path = log_path(study, number, rank)
     with path.open(errors="replace") as file:
         while True:
             out.write(file.read())

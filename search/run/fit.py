@@ -30,10 +30,11 @@ from search.record.queries import EPOCHS_FILE, append_epochs, objective_curves, 
 from search.record.resume import earlier_curves
 from search.record.warm import pending_start
 from search.record.writeback import WriteBehindStorage
-from search.run.bridge import ErrorCallback, OptunaBridge
+from search.run.bridge import ErrorCallback, OptunaBridge, Outcome
 from search.run.budget import BUDGET_CAUSE, DeviceBudget, budget_for, spent_before
 from search.run.cluster import init_ray
 from search.run.moasha import MultiObjectiveASHA
+from search.run.output import attach_output
 from search.run.progress import ProgressCallback
 from search.run.scheduler import PruneReportingASHA, build_scheduler
 from search.run.signals import Termination
@@ -79,6 +80,12 @@ def fit(
     watch = FailFast(min(FIRST, budget))
     unread = UnreadKeys(spec.space, spec.trainable, options.source)
     table = options.results_dir / spec.study / EPOCHS_FILE
+
+    def attach(done: Outcome) -> None:
+        # the bridge's study, read when a trial ends: Ray pickles the bridge and its
+        # listeners (tuner.pkl), and the bridge leaves its study (and storage) out
+        attach_output(bridge.study, done.number, done.log, options.results_dir)
+
     bridge = OptunaBridge(
         study,
         spec.space,
@@ -89,7 +96,12 @@ def fit(
         objectives=[o.metric for o in spec.objectives[1:]],
         seed=spec.sampler.seed or 0,
         run_id=run_id,
-        listeners=[watch, unread, lambda done: append_epochs(table, done.number, done.metrics)],
+        listeners=[
+            watch,
+            unread,
+            lambda done: append_epochs(table, done.number, done.metrics),
+            attach,
+        ],
         start=pending_start(study, spec),
     )
 

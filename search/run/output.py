@@ -3,7 +3,11 @@
 The capture is at the file-descriptor level (``os.dup2`` of fds 1 and 2 onto the file), so
 what C extensions and child processes write lands there too, not only Python's ``print``. A
 Ray actor runs many trials one after another, so the descriptors are restored after each
-trial and the next one opens its own file; a retried trial appends to the file it had.
+trial and the next one opens its own file; a retried trial appends to the file it had. The
+other ranks of a data-parallel trial write beside it (:mod:`search.compute.distributed`).
+
+When a trial ends, the driver attaches the end of each of its output files to it
+(:func:`attach_output`), so optuna-dashboard shows a trial's output in its artifacts.
 """
 
 from __future__ import annotations
@@ -13,6 +17,13 @@ import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+from search.compute.distributed import rank_logs
+from search.record.artifacts import TAIL_BYTES, attach_tail
+
+if TYPE_CHECKING:
+    import optuna
 
 LOG_FILE = "output.log"
 """The file, in the trial's folder beside ``traceback.txt``, that holds its output."""
@@ -59,3 +70,32 @@ def captured(trial_dir: str | Path) -> Iterator[Path | None]:
             os.dup2(copy, fd)
             os.close(copy)
         file.close()
+
+
+def attach_output(
+    study: optuna.Study,
+    number: int,
+    log: str | Path | None,
+    results_dir: Path,
+    limit: int = TAIL_BYTES,
+) -> list[str]:
+    """Attaches the end of trial ``number``'s output (``log`` and every other rank's file
+    beside it; at most ``limit`` bytes of each) to the trial, as the text artifacts
+    ``trial-<number>-output.log`` (and ``trial-<number>-output.rank<N>.log``).
+
+    Returns:
+        The names attached; none when the trial has no log or its files cannot be read
+        (the output is then left out: the study and the run go on).
+    """
+    if not log:
+        return []
+    trial_id = study._storage.get_trial_id_from_study_id_trial_number(study._study_id, number)
+    names = []
+    for path in rank_logs(log).values():
+        name = f"trial-{number:04d}-{path.name}"
+        try:
+            attach_tail(study, trial_id, path, name, results_dir, limit)
+        except OSError:
+            continue
+        names.append(name)
+    return names

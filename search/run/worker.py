@@ -200,7 +200,7 @@ def run_trial(config: dict[str, Any], job: TrialJob, data: Dataset) -> None:
     ctx = _context(config, job, device)
     with captured(_log_dir(ctx)) as log, exit_noted():
         where = {DEVICE: device, NODE: node, **({LOG: str(log)} if log else {})}
-        _run(found.train, config, job, data, ctx, where, watch_reads=not found.declared)
+        _run(found.train, config, job, data, ctx, where, log, watch_reads=not found.declared)
 
 
 def _run(
@@ -210,11 +210,13 @@ def _run(
     data: Dataset,
     ctx: TrialContext,
     where: dict[str, Any],
+    log: Path | None = None,
     watch_reads: bool = False,
 ) -> None:
-    """Drives one attempt of the trial; ``where`` goes into every report. ``watch_reads``
-    (a plain function's trial, in one process): each report also says which config keys
-    it has not read yet (:mod:`search.contract.reads`)."""
+    """Drives one attempt of the trial; ``where`` goes into every report. ``log``: the
+    trial's ``output.log``, beside which the other ranks of a data-parallel trial write.
+    ``watch_reads`` (a plain function's trial, in one process): each report also says which
+    config keys it has not read yet (:mod:`search.contract.reads`)."""
     from ray import tune
 
     if ctx.checkpoint_dir:  # the attempt starts: its first checkpoint comes every_s later
@@ -223,7 +225,7 @@ def _run(
     params = {k: v for k, v in config.items() if not k.startswith(RESERVED_PREFIX)}
     reads = ReadConfig(params) if watch_reads and job.workers == 1 else None
     if job.workers > 1:
-        epochs = data_parallel(job.trainable, params, data, ctx, job.workers)
+        epochs = data_parallel(job.trainable, params, data, ctx, job.workers, log)
     else:
         epochs = train(params if reads is None else reads, data, ctx)
     planned = job.workers * int(job.extras.get("replicas") or 1)
