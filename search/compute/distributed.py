@@ -37,7 +37,7 @@ from dataclasses import replace
 from multiprocessing.connection import Connection, wait
 from typing import TYPE_CHECKING, Any
 
-from search.contract import declarations
+from search.compute.limits import prepare
 
 if TYPE_CHECKING:
     from search.contract import Dataset, Metrics, TrialContext
@@ -136,6 +136,7 @@ def _worker(conn: Connection) -> None:
         cuda = ctx.device.startswith("cuda")
         if cuda:
             torch.cuda.set_device(rank)
+        declared, _ = prepare(trainable, ctx)  # this process's threads, as every trial's
         dist.init_process_group(
             "nccl" if cuda else "gloo",
             init_method=store,
@@ -143,7 +144,7 @@ def _worker(conn: Connection) -> None:
             world_size=world,
         )
         try:
-            for metrics in declarations(trainable).train(params, data, ctx):
+            for metrics in declared.train(params, data, ctx):
                 if rank == 0:
                     _send(conn, ("epoch", metrics))
                     if conn.recv() != "next":
