@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import importlib.abc
 import importlib.util
+import logging
 import os
 import subprocess
 import sys
@@ -44,6 +45,8 @@ if TYPE_CHECKING:
 
 ALLOC_CONF = "PYTORCH_CUDA_ALLOC_CONF"
 FRACTION_KEY = "per_process_memory_fraction"
+_log = logging.getLogger(__name__)
+
 TF_KEPT = "TensorFlow had started: its own settings hold"
 """``limits["tf_kept"]`` when TensorFlow refused a setting."""
 
@@ -82,7 +85,7 @@ def apply_limits(ctx: TrialContext) -> dict[str, Any]:
         applied["gpu_memory_fraction"] = fraction
     if "torch" in sys.modules:
         _torch(ctx, fraction)
-    _disarm()
+    disarm()
     if "tensorflow" in sys.modules:
         _tensorflow(ctx, fraction, applied)
     else:  # a trainable that imports TensorFlow (or Keras) inside its function
@@ -126,12 +129,16 @@ class _ThenLoader(importlib.abc.Loader):
 
     def exec_module(self, module: Any) -> None:
         self.loader.exec_module(module)
-        _disarm()
-        self.hook.then()
+        disarm()
+        try:
+            self.hook.then()
+        except Exception as exc:  # the user's import must not fail for want of a setting
+            _log.warning("could not apply the trial's limits to %s: %s", self.hook.name, exc)
 
 
-def _disarm() -> None:
-    """Removes every :class:`_AfterImport` an earlier trial of this process left."""
+def disarm() -> None:
+    """Drops the settings waiting for a later ``import tensorflow`` (an earlier trial's): a run
+    in a process that goes on after it (``train``, the final model) calls it at its end."""
     sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, _AfterImport)]
 
 

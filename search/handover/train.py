@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from search.compute.job import trial_context, trial_job
-from search.compute.limits import prepare
+from search.compute.limits import disarm, prepare
 from search.contract import Epoch, drive, nonfinite_reason
 from search.errors import SearchError
 from search.run.data import load_data
@@ -72,12 +72,15 @@ def train_once(
     history: list[dict[str, float]] = []
     reason: str | None = None
     declared, limits = prepare(spec.trainable, ctx)
-    with closing(drive(declared.train(config, data, ctx), spec.budget.max_epochs)) as run:
-        for epoch in run:
-            history.append({k: v for k, v in epoch.metrics.items() if isinstance(v, float)})
-            reason = epoch.fail_reason
-            if on_epoch is not None:
-                on_epoch(epoch)
+    try:
+        with closing(drive(declared.train(config, data, ctx), spec.budget.max_epochs)) as run:
+            for epoch in run:
+                history.append({k: v for k, v in epoch.metrics.items() if isinstance(v, float)})
+                reason = epoch.fail_reason
+                if on_epoch is not None:
+                    on_epoch(epoch)
+    finally:
+        disarm()  # this process may go on (train, export, a test): TF imported later is its own
     return history, reason or (None if history else "the trainable yielded no epoch"), limits
 
 
@@ -147,9 +150,12 @@ def export_model(
         history=history,
     )
     declared, _ = prepare(spec.trainable, ctx)
-    if declared.export is None:
-        raise ExportError(no_hook(spec.trainable))
-    final = declared.export(config, data, ctx, out_dir)
+    try:
+        if declared.export is None:
+            raise ExportError(no_hook(spec.trainable))
+        final = declared.export(config, data, ctx, out_dir)
+    finally:
+        disarm()
     reason = nonfinite_reason(final, len(history)) if final else "no epoch trained"
     return final, reason
 
