@@ -3,11 +3,15 @@
 Prints the GPUs found, what ``auto`` decided (the largest config's peak memory, trials packed
 per GPU, memory cap per trial), GPU utilization sampled from ``nvidia-smi`` every half second
 during the study (mean and peak per GPU), the epoch time of one config in fp32, bf16 and
-fp16, and trials per hour. Writes results/benchmarks/gpu_check.json. Without a GPU it says so
-and exits 0.
+fp16, and trials per hour. Then a user's TensorFlow trainable (``examples/keras_fit``: Keras
+imported inside its function) packed at ``gpus_per_trial: 0.5``: the memory cap each trial
+got (its user attribute ``limits``: the share, and the logical GPU TensorFlow was given)
+against the share of the GPU's memory it should be. Writes results/benchmarks/gpu_check.json.
+Without a GPU it says so and exits 0.
 
-    python benchmarks/gpu_check.py                       # 32 trials x 9 epochs
+    python benchmarks/gpu_check.py                       # 32 trials x 9 epochs, then TF
     python benchmarks/gpu_check.py --trials 64 --epochs 27
+    python benchmarks/gpu_check.py --only tf --tf-trials 4   # the TensorFlow cap only
 """
 
 from __future__ import annotations
@@ -27,6 +31,8 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 OUT = REPO / "results" / "benchmarks"
 SPACE = REPO / "spaces" / "cnn.yaml"
+TF_SPACE = REPO / "examples" / "keras_fit" / "space.yaml"
+TF_SHARE = 0.5
 
 
 def gpus() -> list[str]:
@@ -99,10 +105,70 @@ def epoch_times(
     return out
 
 
+def gpu_total_mib() -> float | None:
+    """GPU 0's memory, from ``nvidia-smi`` (None without it)."""
+    cmd = ["nvidia-smi", "--id=0", "--query-gpu=memory.total", "--format=csv,noheader,nounits"]
+    try:
+        return float(
+            subprocess.run(cmd, capture_output=True, text=True, timeout=10).stdout.split()[0]
+        )
+    except (OSError, subprocess.TimeoutExpired, ValueError, IndexError):
+        return None
+
+
+def tf_packed(trials: int, tmp: Path) -> dict[str, Any]:
+    """A user's TensorFlow trainable at ``gpus_per_trial: 0.5``: the cap each trial got."""
+    from search.compute.placement import memory_fraction
+    from search.record.study import load_study
+    from search.run.runner import RunOptions, run_study
+    from search.spec.schema import load_spec, with_overrides
+
+    spec = with_overrides(
+        load_spec(TF_SPACE),
+        **{
+            "budget.trials": trials,
+            "budget.max_epochs": 3,
+            "resources.gpus_per_trial": TF_SHARE,
+            "resources.cpus_per_trial": 1,
+            "storage": f"sqlite:///{tmp}/optuna.db",
+            "study": "gpu-check-tf",
+        },
+    )
+    run_study(spec, RunOptions(results_dir=tmp / "results", progress=False))
+    total, fraction = gpu_total_mib(), memory_fraction(TF_SHARE)
+    expected = int(fraction * total) if fraction and total else None
+    rows = []
+    for t in load_study("gpu-check-tf", spec.storage).trials:
+        limits = t.user_attrs.get("limits", {})
+        rows.append(
+            {
+                "trial": t.number,
+                "state": t.state.name,
+                "device": t.user_attrs.get("device"),
+                "gpu_memory_fraction": limits.get("gpu_memory_fraction"),
+                "tf_memory_limit_mb": limits.get("tf_memory_limit_mb"),
+                "tf_kept": limits.get("tf_kept"),
+            }
+        )
+        print(
+            f"  TF trial {t.number} {t.state.name} on {rows[-1]['device']}: memory fraction "
+            f"{rows[-1]['gpu_memory_fraction']}, TensorFlow capped at "
+            f"{rows[-1]['tf_memory_limit_mb']} MiB (expected {expected} MiB"
+            f" = {fraction} x {total} MiB)"
+        )
+    capped = sum(r["tf_memory_limit_mb"] == expected and expected is not None for r in rows)
+    print(f"TF at gpus_per_trial {TF_SHARE}: {capped} of {len(rows)} trials got the cap")
+    return {"share": TF_SHARE, "expected_mb": expected, "capped": capped, "trials": rows}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--trials", type=int, default=32)
     parser.add_argument("--epochs", type=int, default=9)
+    parser.add_argument("--tf-trials", type=int, default=4, help="trials of the TF check")
+    parser.add_argument(
+        "--only", choices=("auto", "tf"), help="run one check: the auto CNN study or the TF cap"
+    )
     args = parser.parse_args()
 
     found = gpus()
@@ -117,24 +183,38 @@ def main() -> None:
     for i, name in enumerate(found):
         print(f"  cuda:{i}  {name}")
 
+    from search.run.runner import init_ray
+
+    tmp = Path(tempfile.mkdtemp(prefix="gpu-check-"))
+    init_ray(None)
+    result: dict[str, Any] = {"gpus": found}
+    if args.only != "tf":
+        result.update(auto_study(args.trials, args.epochs, tmp))
+    if args.only != "auto":
+        result["tf_packed"] = tf_packed(args.tf_trials, tmp)
+    OUT.mkdir(parents=True, exist_ok=True)
+    (OUT / "gpu_check.json").write_text(json.dumps(result, indent=2))
+    print(f"wrote {OUT / 'gpu_check.json'}")
+
+
+def auto_study(trials: int, epochs: int, tmp: Path) -> dict[str, Any]:
+    """``gpus_per_trial: auto`` on the CNN space: the packing, utilization, trials per hour."""
     from search.record.study import load_study
     from search.run.data import load_data
     from search.run.fit import place
-    from search.run.runner import RunOptions, init_ray, run_study
+    from search.run.runner import RunOptions, run_study
     from search.spec.schema import load_spec, with_overrides
 
-    tmp = Path(tempfile.mkdtemp(prefix="gpu-check-"))
     spec = with_overrides(
         load_spec(SPACE),
         **{
-            "budget.trials": args.trials,
-            "budget.max_epochs": args.epochs,
+            "budget.trials": trials,
+            "budget.max_epochs": epochs,
             "resources.gpus_per_trial": "auto",
             "storage": f"sqlite:///{tmp}/optuna.db",
             "study": "gpu-check",
         },
     )
-    init_ray(None)
     placement = place(spec, load_data(spec.data))
     packing = placement.packing
     print(f"auto: {placement.note}")
@@ -171,9 +251,7 @@ def main() -> None:
         "epoch time, one config (channels 16, batch 64, adam) on cuda:0: "
         + ", ".join(f"{p} {t * 1000:.1f} ms" for p, t in times.items())
     )
-
-    result: dict[str, Any] = {
-        "gpus": found,
+    return {
         "placement": {
             "note": placement.note,
             "gpus_per_trial": placement.gpus_per_trial,
@@ -188,9 +266,6 @@ def main() -> None:
         "epoch_time_s": times,
         "devices": devices,
     }
-    OUT.mkdir(parents=True, exist_ok=True)
-    (OUT / "gpu_check.json").write_text(json.dumps(result, indent=2))
-    print(f"wrote {OUT / 'gpu_check.json'}")
 
 
 if __name__ == "__main__":

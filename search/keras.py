@@ -8,7 +8,6 @@ to :func:`fit`::
 
     @trainable(defaults={"lr": 1e-2, "batch_size": 16})
     def train(config, data, ctx):
-        search.keras.set_threads(ctx)      # optional; only works before TF's first op
         model = build(config)              # the user's own Keras model, compiled
         return (yield from search.keras.fit(
             model, ctx, x_train, y_train,
@@ -46,6 +45,7 @@ requires), sets the counters back after the callbacks' ``on_train_begin``, and c
 from __future__ import annotations
 
 import json
+import warnings
 from collections.abc import Generator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -72,20 +72,28 @@ _COUNTERS = ("wait", "best", "best_epoch", "stopped_epoch", "cooldown_counter")
 
 
 def set_threads(ctx: TrialContext) -> bool:
-    """Sets TensorFlow's intra- and inter-op thread pools to ``ctx.num_threads``.
+    """Deprecated, and no longer needed: the framework sets TensorFlow's thread pools (and its
+    GPUs, and a packed trial's memory cap) before the trainable runs, also when it imports
+    TensorFlow inside its function (``search.compute.limits``). Sets nothing.
 
     Returns:
-        ``False`` when TensorFlow had already started (the pools are then left as they are).
+        Whether both of TensorFlow's thread pools hold ``ctx.num_threads``.
     """
     import tensorflow as tf
 
+    warnings.warn(
+        "search.keras.set_threads is no longer needed: the framework sets TensorFlow's "
+        "threads before the trainable runs",
+        DeprecationWarning,
+        stacklevel=2,
+    )
     threads = max(1, int(ctx.num_threads))
-    try:
-        tf.config.threading.set_intra_op_parallelism_threads(threads)
-        tf.config.threading.set_inter_op_parallelism_threads(threads)
-    except RuntimeError:
-        return False
-    return True
+    pools = tf.config.threading
+    return (
+        pools.get_intra_op_parallelism_threads()
+        == pools.get_inter_op_parallelism_threads()
+        == threads
+    )
 
 
 def fit(
@@ -108,7 +116,6 @@ def fit(
     """
     if clash := sorted({"epochs", "initial_epoch"} & fit_kwargs.keys()):
         raise TypeError(f"search.keras.fit sets {', '.join(clash)} from the trial's context")
-    set_threads(ctx)
     handoff = _Handoff(model, ctx, list(callbacks))
     if ctx.restore_dir:
         handoff.load_weights(Path(ctx.restore_dir))

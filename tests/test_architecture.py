@@ -5,6 +5,11 @@
 A module may import from its own layer and the layers below it, never above. The check reads
 every ``import`` statement (module level, function level and under ``TYPE_CHECKING``) with
 :mod:`ast`, so it needs no import of the package.
+
+Some layers also keep out of a library (:data:`FORBIDDEN`): ``compute``, what a trial runs on
+(placement, its job and context, limits, data-parallel processes, the memory probe), imports no
+Ray Tune; the Tune wiring above it (``run``) does, the way Syne Tune keeps its backend apart
+from the scheduler that decides.
 """
 
 from __future__ import annotations
@@ -29,10 +34,15 @@ LAYERS: list[tuple[str, ...]] = [
     ("contract",),
     ("errors",),
 ]
-"""Top to bottom. ``testing`` holds deterministic trainables for tests (like optuna.testing);
+"""Top to bottom. ``compute`` sits under ``run`` (the Tune wiring: bridge, worker, scheduler,
+the out-of-memory retry) and over ``record``, whose Optuna record it never needs; ``run`` and
+``handover`` (confirmation runs, the final model, ``train``) build every trial's job and
+limits from it. ``testing`` holds deterministic trainables for tests (like optuna.testing);
 ``keras`` and ``lightning`` adapt a user's ``model.fit`` / ``trainer.fit`` to the contract;
 ``__init__`` (the package root, ``search``) re-exports the public names from ``contract``;
 modules inside the package import them from ``contract``."""
+FORBIDDEN: dict[str, tuple[str, ...]] = {"compute": ("ray.tune",)}
+"""Layer -> libraries none of its modules may import, anywhere (a module and its submodules)."""
 LAZY_ALLOWED = {"search.cli", "search.__main__"}
 """Modules that may import ``search`` modules inside functions (to keep ``--help`` fast)."""
 
@@ -66,6 +76,33 @@ def imports(path: Path) -> tuple[set[str], set[str]]:
 
     visit(tree, False)
     return found, lazy
+
+
+def every_import(source: str) -> set[str]:
+    """Every module an ``import`` in ``source`` names, anywhere in it (``from a import b``
+    names ``a`` and ``a.b``: ``b`` may be a module)."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module)
+            found.update(f"{node.module}.{a.name}" for a in node.names)
+    return found
+
+
+def forbidden(modules: Mapping[str, str]) -> list[str]:
+    """``module -> library`` for every import of a library :data:`FORBIDDEN` to the module's
+    layer; ``modules`` maps module names to their source."""
+    found = []
+    for name, source in modules.items():
+        banned = FORBIDDEN.get(name.split(".")[1] if "." in name else "", ())
+        found += [
+            f"{name} -> {imported}"
+            for imported in every_import(source)
+            if any(imported == b or imported.startswith(b + ".") for b in banned)
+        ]
+    return sorted(found)
 
 
 def graph() -> tuple[dict[str, set[str]], dict[str, set[str]]]:
@@ -145,6 +182,27 @@ def test_only_the_cli_imports_search_modules_inside_functions() -> None:
         if targets and m not in LAZY_ALLOWED
     )
     assert hidden == []
+
+
+def test_the_compute_layer_imports_no_ray_tune() -> None:
+    sources = {module_name(p): p.read_text() for p in ROOT.rglob("*.py")}
+    assert any(name.startswith("search.compute.") for name in sources)
+    assert forbidden(sources) == []
+
+
+@pytest.mark.parametrize(
+    "source",
+    [
+        "from ray.tune import Callback",
+        "from ray import tune",
+        "def f():\n    import ray.tune.experiment",
+        "if TYPE_CHECKING:\n    from ray.tune.experiment import Trial",
+    ],
+)
+def test_the_forbidden_import_check_catches_ray_tune_in_compute(source: str) -> None:
+    assert forbidden({"search.compute.limits": source}) != []
+    assert forbidden({"search.compute.limits": "import ray\nimport ray.util"}) == []
+    assert forbidden({"search.run.oom": source}) == []  # the Tune wiring may
 
 
 def test_every_package_is_in_a_layer() -> None:

@@ -22,6 +22,7 @@ pytest.importorskip("tensorflow")
 import keras  # noqa: E402
 
 import search.keras  # noqa: E402
+from search.compute.limits import apply_limits  # noqa: E402
 from search.contract import Dataset, TrialContext, train_to_end  # noqa: E402
 
 pytestmark = pytest.mark.tf
@@ -34,7 +35,7 @@ FIT: dict[str, Any] = {"batch_size": 32, "shuffle": False}
 def wine() -> Arrays:
     from sklearn.datasets import load_wine
 
-    search.keras.set_threads(TrialContext(max_epochs=1, num_threads=2))  # before any TF op
+    apply_limits(TrialContext(max_epochs=1, num_threads=2))  # before any TF op
     x, y = load_wine(return_X_y=True)
     x = ((x - x.mean(0)) / x.std(0)).astype(np.float32)
     order = np.random.default_rng(0).permutation(len(y))

@@ -1,19 +1,26 @@
 """What a trial's process gets before the trainable runs (:mod:`search.compute.limits`).
 
 No GPU is needed: TensorFlow's device calls are replaced by recorders, so the test sees the
-memory limit the framework asked TensorFlow for.
+memory limit the framework asked TensorFlow for; ``nvidia-smi`` is a script on ``PATH``.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from search.compute.job import trial_context, trial_job
 from search.compute.limits import ALLOC_CONF, apply_limits
+from search.compute.placement import Measurement, Share, resolve
 from search.contract import TrialContext
+from search.spec.schema import ResourcesSpec, parse_spec
+from tests.conftest import REPO, base_spec
 
 GIB = 2**30
 
@@ -71,3 +78,69 @@ def test_a_tf_trial_with_the_whole_gpu_grows_its_memory(tf_calls: dict[str, list
     applied = apply_limits(TrialContext(max_epochs=1, device="cuda", gpu_total_bytes=8 * GIB))
     assert tf_calls["logical"] == [] and tf_calls["growth"] == [(tf_calls["gpu"][0], True)]
     assert "tf_memory_limit_mb" not in applied
+
+
+@pytest.mark.tf
+def test_the_share_travels_typed_from_the_placement_to_tensorflows_cap(
+    tf_calls: dict[str, list[Any]], tmp_path: Path
+) -> None:
+    measured = Measurement(peak_bytes=6 * GIB, total_bytes=80 * GIB)
+    resources = ResourcesSpec(gpus_per_trial="auto")
+    placement = resolve(resources, {"CPU": 32.0, "GPU": 2.0}, measured)
+    job = trial_job(parse_spec(base_spec(tmp_path)), None, placement)
+    assert job.share == Share(placement.gpus_per_trial, placement.memory_fraction, 80 * GIB)
+    ctx = trial_context(job, seed=0, device="cuda")
+    applied = apply_limits(ctx)
+    share = placement.memory_fraction
+    assert share is not None and ctx.gpu_memory_fraction == share
+    [(_, [config])] = tf_calls["logical"]
+    assert config.memory_limit == applied["tf_memory_limit_mb"] == int(share * 80 * 1024)
+    # a retry that holds twice the GPU gets twice the cap
+    retried = trial_context(job, seed=0, device="cuda", share=job.share.holding(0.2))
+    apply_limits(retried)
+    assert tf_calls["logical"][-1][1][0].memory_limit == int(2 * share * 80 * 1024)
+
+
+@pytest.mark.tf
+def test_a_fixed_share_reads_the_visible_gpus_size_from_nvidia_smi(
+    tf_calls: dict[str, list[Any]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    asked = tmp_path / "asked.txt"
+    fake = tmp_path / "bin" / "nvidia-smi"  # a stand-in for the real tool: 16 GiB
+    fake.parent.mkdir()
+    fake.write_text(f'#!/bin/sh\necho "$@" > {asked}\necho 16384\n')
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake.parent}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,5")  # as Ray sets it
+    job = trial_job(parse_spec(base_spec(tmp_path, resources={"gpus_per_trial": 0.5})), None)
+    applied = apply_limits(trial_context(job, seed=0, device="cuda"))
+    assert job.share.memory_fraction == 0.45 and job.share.gpu_total_bytes is None
+    [(_, [config])] = tf_calls["logical"]
+    assert config.memory_limit == applied["tf_memory_limit_mb"] == int(0.45 * 16384)
+    assert asked.read_text().split()[0] == "--id=3"
+
+
+LAZY = """
+import json, sys
+from search.compute.limits import apply_limits
+from search.contract import TrialContext
+applied = apply_limits(TrialContext(max_epochs=1, num_threads=1, replicas=2))
+assert "tensorflow" not in sys.modules
+import tensorflow as tf  # as a trainable that imports it inside its function
+pools = tf.config.threading
+print(json.dumps([pools.get_intra_op_parallelism_threads(),
+                  pools.get_inter_op_parallelism_threads(),
+                  len(tf.config.list_logical_devices("CPU")), applied]))
+"""
+
+
+@pytest.mark.tf
+def test_tensorflow_imported_after_the_limits_still_gets_them() -> None:
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    done = subprocess.run(
+        [sys.executable, "-c", LAZY], capture_output=True, text=True, env=env, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    intra, inter, cpus, applied = json.loads(done.stdout.strip().splitlines()[-1])
+    assert (intra, inter, cpus) == (1, 1, 2)
+    assert applied == {"threads": 1, "tf_cpu_devices": 2}

@@ -21,19 +21,21 @@ from pathlib import Path
 import optuna
 import pytest
 
-from search.compute.gpu_memory import Measurement, largest_config, out_of_memory
+from search.compute.gpu_memory import Measurement, largest_config
+from search.compute.job import TrialJob
 from search.compute.placement import (
     CUDA_CONTEXT_BYTES,
     IN_PROCESS,
     Packing,
     PlacementError,
+    Share,
     grow_share,
     memory_fraction,
     pack,
     resolve,
-    share_extras,
 )
 from search.errors import SearchError
+from search.run.oom import out_of_memory
 from search.run.runner import RunOptions, run_study
 from search.spec.schema import ResourcesSpec, parse_spec
 from search.spec.space import Param
@@ -97,14 +99,14 @@ def test_memory_fraction_of_a_share() -> None:
     assert memory_fraction(0.25, total_bytes=16 * GIB) == 0.2187  # 0.25 - 0.5/16
 
 
-def test_share_extras_scales_the_cap_with_the_share_a_retry_holds() -> None:
-    planned = {"gpu_share": 0.25, "gpu_memory_fraction": 0.2, "other": 1}
-    assert share_extras(planned, 0.25)["gpu_memory_fraction"] == 0.2
-    assert share_extras(planned, 0.5)["gpu_memory_fraction"] == 0.4
-    assert share_extras(planned, 1.0)["gpu_memory_fraction"] is None
-    assert share_extras(planned, None) == planned
-    unplanned = share_extras({}, 0.5)
-    assert unplanned["gpu_share"] == 0.5 and unplanned["gpu_memory_fraction"] == 0.45
+def test_a_share_scales_its_cap_with_the_share_a_retry_holds() -> None:
+    planned = Share(gpus=0.25, memory_fraction=0.2, gpu_total_bytes=16 * GIB)
+    assert planned.holding(0.25).memory_fraction == 0.2
+    assert planned.holding(0.5) == Share(0.5, 0.4, 16 * GIB)
+    assert planned.holding(1.0).memory_fraction is None
+    assert planned.holding(None) == planned
+    unplanned = Share().holding(0.5)
+    assert unplanned.gpus == 0.5 and unplanned.memory_fraction == 0.45
 
 
 def test_out_of_memory_recognises_torch_and_tf_errors() -> None:
@@ -159,7 +161,7 @@ def test_auto_on_gpus_packs_what_the_measurement_allows() -> None:
     assert placed.packing is not None and placed.packing.trials_per_gpu == 10
     assert (placed.gpus_per_trial, placed.concurrency, placed.cpus_per_trial) == (0.1, 20, 1.0)
     assert placed.memory_fraction == memory_fraction(0.1, 80 * GIB)
-    assert placed.extras()["gpu_memory_fraction"] == placed.memory_fraction
+    assert placed.share == Share(0.1, placed.memory_fraction, 80 * GIB)
 
 
 def test_auto_on_gpus_spreads_cpu_bound_trials_over_every_gpu() -> None:
@@ -198,12 +200,12 @@ def test_an_in_process_trainable_gets_one_process_holding_every_replica() -> Non
     # TensorFlow's MirroredStrategy: one process, the model mirrored over the trial's devices
     gpus = resolve(res(gpus_per_trial=2), {"CPU": 8.0, "GPU": 4.0}, data_parallel=IN_PROCESS)
     assert (gpus.workers, gpus.replicas, gpus.cpus_per_trial, gpus.num_threads) == (1, 2, 2.0, 2)
-    assert gpus.extras()["replicas"] == 2 and gpus.concurrency == 2
+    assert gpus.share.replicas == 2 and gpus.concurrency == 2
     cpu = resolve(
         res(workers_per_trial=2, cpus_per_trial=2), {"CPU": 2.0}, data_parallel=IN_PROCESS
     )
     assert (cpu.workers, cpu.replicas, cpu.num_threads, cpu.concurrency) == (1, 2, 2, 1)
-    assert resolve(res(), {"CPU": 2.0}, data_parallel=IN_PROCESS).extras()["replicas"] == 1
+    assert resolve(res(), {"CPU": 2.0}, data_parallel=IN_PROCESS).share.replicas == 1
 
 
 def test_gpus_asked_of_a_cluster_without_any_is_one_line() -> None:
@@ -350,6 +352,54 @@ def test_half_gpus_on_four_logical_gpus_run_eight_trials_at_once(tmp_path: Path)
     ]
 
 
+CONFIRM_DRIVER = textwrap.dedent(
+    """
+    import sys
+    from pathlib import Path
+
+    from search.handover.export import export_study
+    from search.run.runner import RunOptions, init_ray, run_study
+    from search.spec.schema import load_spec
+
+    init_ray(None, num_cpus=2, num_gpus=1)
+    spec = load_spec(sys.argv[1])
+    out = Path(sys.argv[1]).parent
+    run_study(spec, RunOptions(results_dir=out / "results", progress=False))
+    export_study(spec.study, spec.storage, out / "export", top_k=1, seeds=1,
+                 results_dir=out / "results", log=lambda line: None)
+    """
+)
+
+
+@pytest.mark.slow
+def test_confirmation_runs_get_the_threads_and_memory_cap_of_trials(tmp_path: Path) -> None:
+    trace = tmp_path / "trace"
+    resources = {"cpus_per_trial": 1, "gpus_per_trial": 0.5}
+    spec = _spec(tmp_path, "confirm", 1, resources, {"trace_dir": str(trace)})
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    done = subprocess.run(
+        [sys.executable, "-c", CONFIRM_DRIVER, str(spec)],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    storage = f"sqlite:///{tmp_path}/optuna.db"
+    trials = optuna.load_study(study_name="confirm", storage=storage).trials
+    confirm = optuna.load_study(study_name="confirm-confirm", storage=storage).trials
+    cap = {"threads": 1, "gpu_memory_fraction": 0.45}
+    assert [t.user_attrs["limits"] for t in trials] == [cap]
+    assert [(t.state.name, t.user_attrs["limits"]) for t in confirm] == [("COMPLETE", cap)]
+    # what the trainable saw in its process: the trial and the confirmation run, half a GPU each
+    seen = [json.loads(p.read_text()) for p in trace.glob("trial-*.json")]
+    on_gpu = [
+        (r["num_threads"], r["gpu_share"], r["alloc_conf"]) for r in seen if r["device"] == "cuda"
+    ]
+    assert on_gpu == [(1, 0.5, "per_process_memory_fraction:0.45")] * 2
+
+
 @pytest.mark.torch
 def test_the_memory_measurement_is_skipped_without_cuda() -> None:
     from search.compute.gpu_memory import measure_peak
@@ -361,4 +411,4 @@ def test_the_memory_measurement_is_skipped_without_cuda() -> None:
         ).space,
         {"channels": 8},
     )
-    assert measure_peak("torch_cnn", config, load_digits(0.2, 0), {}) is None
+    assert measure_peak(TrialJob("torch_cnn", 1), config, load_digits(0.2, 0)) is None

@@ -19,12 +19,12 @@ pytest.importorskip("tensorflow")
 
 import keras  # noqa: E402
 
+from search.compute.limits import apply_limits  # noqa: E402
 from search.contract import RESERVED_PREFIX, TrialContext, train_to_end  # noqa: E402
 from search.contract.dataset import Dataset, load_digits  # noqa: E402
 from trainables.tf import cnn as tf_cnn  # noqa: E402
 from trainables.tf import (
     common,  # noqa: E402
-    devices,  # noqa: E402
     loop,  # noqa: E402
 )
 from trainables.tf import data as tfdata  # noqa: E402
@@ -37,7 +37,7 @@ KEYS = {"train_loss", "train_accuracy", "val_loss", "val_accuracy", "lr"}
 
 @pytest.fixture(scope="module", autouse=True)
 def _two_threads() -> None:
-    devices.configure(TrialContext(max_epochs=1, num_threads=2))  # before any TF op
+    apply_limits(TrialContext(max_epochs=1, num_threads=2))  # before any TF op
 
 
 @pytest.fixture(scope="module")

@@ -254,7 +254,7 @@ def test_pretrained_backbone_file_loads_into_the_trainable(tmp_path, few_digits,
 
 
 def test_profiling_writes_a_chrome_trace_for_the_chosen_trial_only(tmp_path, digits):
-    job = TrialJob("torch_cnn", 2, extras={"profile": True, "profile_trial": 3})
+    job = TrialJob("torch_cnn", 2, profile=True, profile_trial=3)
     for number in (3, 4):  # the spec's profile_trial: 3 chooses trial 3 only
         ctx = trial_context(job, seed=0, number=number, trial_dir=str(tmp_path))
         list(torch_cnn.train(SMALL_CNN, digits, ctx))

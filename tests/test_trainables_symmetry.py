@@ -16,10 +16,10 @@ import pytest
 torch = pytest.importorskip("torch")  # before TensorFlow: the other order segfaults here
 pytest.importorskip("tensorflow")
 
+from search.compute.limits import apply_limits  # noqa: E402
 from search.contract import TrialContext, train_to_end  # noqa: E402
 from search.contract.dataset import Dataset, image_folder  # noqa: E402
 from trainables.tf import data as tf_data  # noqa: E402
-from trainables.tf import devices as tf_devices  # noqa: E402
 from trainables.torch import data as torch_data  # noqa: E402
 
 pytestmark = [pytest.mark.torch, pytest.mark.tf]
@@ -33,7 +33,7 @@ Folder = tuple[Path, dict[bytes, tuple[str, int]]]
 
 @pytest.fixture(scope="module", autouse=True)
 def _two_threads() -> None:
-    tf_devices.configure(TrialContext(max_epochs=1, num_threads=2))  # before any TF op
+    apply_limits(TrialContext(max_epochs=1, num_threads=2))  # before any TF op
 
 
 @pytest.fixture(scope="module")

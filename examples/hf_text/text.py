@@ -81,10 +81,8 @@ def accuracy(prediction: Any) -> dict[str, float]:
 def train(
     config: Mapping[str, Any], data: dict[str, np.ndarray], ctx: TrialContext
 ) -> Generator[dict[str, float], None, Any]:
-    import torch
     from transformers import Trainer, set_seed
 
-    torch.set_num_threads(ctx.num_threads)
     set_seed(ctx.seed)
     trainer = Trainer(
         model=build(),

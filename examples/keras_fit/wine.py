@@ -57,7 +57,6 @@ def train(
     import keras
 
     cfg = {**DEFAULTS, **config}
-    search.keras.set_threads(ctx)
     keras.utils.set_random_seed(ctx.seed)
     model = build(cfg, data["x_train"].shape[1])
     stop = keras.callbacks.EarlyStopping("val_loss", patience=cfg["patience"])

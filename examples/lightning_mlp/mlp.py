@@ -89,7 +89,6 @@ def train(
 ) -> Generator[dict[str, float], None, MLP]:
     cfg = {**DEFAULTS, **config}
     lightning.seed_everything(ctx.seed, verbose=False)
-    torch.set_num_threads(ctx.num_threads)
     module = MLP(data["x_train"].shape[1], cfg["hidden"], cfg["dropout"], cfg["lr"])
     train_loader, val_loader = loaders(data, cfg["batch_size"])
     return (

@@ -54,7 +54,6 @@ def train(
 ) -> Generator[dict[str, float], None, nn.Module]:
     cfg = {**DEFAULTS, **config}
     torch.manual_seed(ctx.seed)
-    torch.set_num_threads(ctx.num_threads)
     x_tr, y_tr = torch.from_numpy(data["x_train"]), torch.from_numpy(data["y_train"])
     x_va, y_va = torch.from_numpy(data["x_val"]), torch.from_numpy(data["y_val"])
     model = build(cfg, x_tr.shape[1])

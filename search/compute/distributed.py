@@ -45,7 +45,7 @@ from multiprocessing.connection import Connection, wait
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
 
-from search.contract import declarations
+from search.compute.limits import prepare
 
 if TYPE_CHECKING:
     from search.contract import Dataset, Metrics, TrialContext
@@ -192,6 +192,7 @@ def _worker(conn: Connection) -> None:
         cuda = ctx.device.startswith("cuda")
         if cuda:
             torch.cuda.set_device(rank)
+        declared, _ = prepare(trainable, ctx)  # this process's threads, as every trial's
         dist.init_process_group(
             "nccl" if cuda else "gloo",
             init_method=store,
@@ -199,7 +200,7 @@ def _worker(conn: Connection) -> None:
             world_size=world,
         )
         try:
-            for metrics in declarations(trainable).train(params, data, ctx):
+            for metrics in declared.train(params, data, ctx):
                 if rank == 0:
                     _send(conn, ("epoch", metrics))
                     if conn.recv() != "next":

@@ -1,12 +1,11 @@
-"""GPU memory of packed trials: measure the largest config, retry a trial that ran out.
+"""GPU memory of packed trials: measure the largest config of a space on one GPU.
 
 For ``gpus_per_trial: auto`` on GPUs, :func:`measure` runs a few training steps of the
 space's largest config (:func:`largest_config`: every number at its upper bound, so the
 largest batch; fp32; the optimizer with most state) as a Ray task on one GPU and reads the
-peak memory PyTorch's caching allocator reserved; :func:`search.compute.placement.pack` turns that
-into trials per GPU. A packed trial that still runs out of memory is retried by Tune with
-twice its GPU share (:class:`OomRetry`), which the worker turns into a larger memory cap
-(:func:`search.compute.placement.share_extras`).
+peak memory PyTorch's caching allocator reserved; :func:`search.compute.placement.pack` turns
+that into trials per GPU. A packed trial that still runs out of memory is retried by Tune with
+twice its GPU share (:class:`search.run.oom.OomRetry`, the part that needs Ray Tune).
 """
 
 from __future__ import annotations
@@ -14,19 +13,16 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping
 from contextlib import closing
-from pathlib import Path
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from ray.tune import Callback
-
-from search.compute.job import TrialJob, trial_context
-from search.compute.placement import GPU_MEMORY_FRACTION, Measurement, grow_share
-from search.contract import declarations, drive
+from search.compute.job import TrialJob, trial_context, trial_job
+from search.compute.limits import prepare
+from search.compute.placement import Measurement
+from search.contract import drive
 from search.spec.space import is_active, order
 
 if TYPE_CHECKING:
-    from ray.tune.experiment import Trial
-
     from search.contract import Dataset
     from search.spec.schema import StudySpec
     from search.spec.space import Param
@@ -35,16 +31,6 @@ _log = logging.getLogger(__name__)
 
 MEASURE_STEPS = 3
 MEASURE_TIMEOUT_S = 600.0
-OOM_RETRIES = 2
-"""Tune retries a packed trial at least this often (each retry doubles its GPU share)."""
-
-_OOM_MARKERS = (
-    "OutOfMemoryError",
-    "CUDA out of memory",
-    "RESOURCE_EXHAUSTED",
-    "OOM when allocating",
-    "out of memory",
-)
 
 
 # ---- the largest config and its measurement (needs CUDA) ---------------------------------
@@ -90,13 +76,10 @@ def largest_config(space: Mapping[str, Param], fixed: Mapping[str, Any]) -> dict
 
 
 def measure_peak(
-    trainable: str,
-    config: Mapping[str, Any],
-    data: Dataset,
-    extras: Mapping[str, Any],
-    steps: int = MEASURE_STEPS,
+    job: TrialJob, config: Mapping[str, Any], data: Dataset, steps: int = MEASURE_STEPS
 ) -> Measurement | None:
-    """Peak GPU memory of ``steps`` training steps of ``config`` (runs where a GPU is).
+    """Peak GPU memory of ``steps`` training steps of ``config``, a trial of ``job`` on a whole
+    GPU (runs where a GPU is).
 
     Returns None without CUDA, or when the trainable allocates nothing through PyTorch (a
     TensorFlow trainable: it then gets one trial per GPU).
@@ -107,13 +90,11 @@ def measure_peak(
         return None
     if not torch.cuda.is_available():
         return None
-    job = TrialJob(trainable, max_epochs=1, extras=extras)
-    ctx = trial_context(
-        job, seed=0, device="cuda", extras={GPU_MEMORY_FRACTION: None}, max_steps=steps
-    )
+    ctx = trial_context(job, seed=0, device="cuda", max_steps=steps)
+    declared, _ = prepare(job.trainable, ctx)
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats()
-    with closing(drive(declarations(trainable).train(config, data, ctx), max_epochs=1)) as run:
+    with closing(drive(declared.train(config, data, ctx), max_epochs=1)) as run:
         next(run, None)
     torch.cuda.synchronize()
     peak = int(torch.cuda.max_memory_reserved())
@@ -123,19 +104,23 @@ def measure_peak(
     return Measurement(peak, int(props.total_memory), str(props.name))
 
 
-def measure(spec: StudySpec, data: Dataset, extras: Mapping[str, Any]) -> Measurement | None:
+def measure(spec: StudySpec, data: Any) -> Measurement | None:
     """Runs :func:`measure_peak` of the space's largest config as a Ray task on one GPU.
+
+    ``data``: the trials' data, or a holder of it in Ray's object store with ``ref`` and
+    ``path`` attributes (``search.run.data.SharedData``), which the task reads without a copy.
 
     Returns None (one trial per GPU) when the measurement fails or times out.
     """
     import ray
 
     config = largest_config(spec.space, spec.fixed)
+    job = replace(trial_job(spec, data), max_epochs=1)  # one process, the whole GPU, no cap
     # max_calls=1: the worker exits after the task, and its CUDA context with it
     task = ray.remote(num_gpus=1, num_cpus=1, max_retries=0, max_calls=1)(measure_peak)
     try:
         return ray.get(
-            task.remote(spec.trainable, config, data, dict(extras)), timeout=MEASURE_TIMEOUT_S
+            task.remote(job, config, getattr(data, "ref", data)), timeout=MEASURE_TIMEOUT_S
         )
     except Exception as exc:  # a failed measurement must not fail the study
         _log.warning(
@@ -143,47 +128,3 @@ def measure(spec: StudySpec, data: Dataset, extras: Mapping[str, Any]) -> Measur
             str(exc).splitlines()[0] if str(exc) else exc,
         )
         return None
-
-
-# ---- retry with a larger share when a packed trial runs out of memory ------------------
-
-
-def out_of_memory(text: str) -> bool:
-    """Whether an error's text says the GPU ran out of memory (PyTorch or TensorFlow)."""
-    return any(marker in text for marker in _OOM_MARKERS)
-
-
-def _last_error(trial: Trial) -> str:
-    path = getattr(trial, "error_file", None)
-    if not path or not Path(path).is_file():
-        return ""
-    text = Path(path).read_text(errors="replace")
-    return text.rsplit("Failure # ", 1)[-1]
-
-
-class OomRetry(Callback):
-    """Before Tune retries a trial that ran out of GPU memory, doubles its GPU share.
-
-    Tune calls ``on_trial_recover`` once the failed trial is PENDING again; its resources may
-    then change, and the retry starts (from its last checkpoint) in a new actor with the larger
-    share, which the worker turns into a larger memory cap (:func:`share_extras`).
-    """
-
-    def on_trial_recover(
-        self, iteration: int, trials: list[Trial], trial: Trial, **info: Any
-    ) -> None:
-        if not out_of_memory(_last_error(trial)):
-            return
-        factory = trial.placement_group_factory
-        required: dict[str, float] = dict(factory.required_resources) if factory else {}
-        share = float(required.get("GPU", 0.0))
-        if not 0 < share < 1:
-            return
-        bigger = grow_share(share)
-        trial.update_resources({"cpu": float(required.get("CPU", 1.0)), "gpu": bigger})
-        _log.warning(
-            "trial %s ran out of GPU memory at %.4g of a GPU; retrying with %.4g",
-            trial.trial_id,
-            share,
-            bigger,
-        )

@@ -13,9 +13,10 @@ each process uses, and the memory cap of each trial's process.
   config of the space (largest batch, fp32) on one GPU and reads the peak memory the caching
   allocator reserved;
   :func:`pack` then decides how many trials fit on one GPU with headroom, and each trial's
-  process is capped at its share (``torch.cuda.set_per_process_memory_fraction``, read by the
-  trainable from ``ctx.gpu_memory_fraction``). A packed trial that still runs out of
-  memory is retried by Tune with twice the GPU share (``OomRetry``), not failed.
+  process is capped at its share (:mod:`search.compute.limits` applies
+  ``ctx.gpu_memory_fraction`` for PyTorch and TensorFlow). A packed trial that still runs out
+  of memory is retried by Tune with twice the GPU share (:class:`search.run.oom.OomRetry`),
+  not failed.
 
 Several devices per trial (``gpus_per_trial: 2``, or ``workers_per_trial: 2`` on CPUs) train
 one trial data-parallel, the way its trainable declares (``@trainable(data_parallel=...)``, read by
@@ -24,16 +25,19 @@ process per device that join a ``torch.distributed`` group (:mod:`search.compute
 ``"in_process"`` (:data:`IN_PROCESS`) keeps one process that mirrors the model over the devices
 itself (TensorFlow's ``MirroredStrategy``), told how many through ``ctx.replicas``.
 
-The arithmetic (:func:`pack`, :func:`grow_share`, :func:`memory_fraction`, :func:`resolve`) is
-pure; the measurement and the out-of-memory retry live in :mod:`search.compute.gpu_memory`.
+What a trial gets of its devices travels as one typed value, :class:`Share`, on the trial's
+job (:class:`search.compute.job.TrialJob`) into its context's fields.
+
+The arithmetic (:func:`pack`, :func:`grow_share`, :func:`memory_fraction`, :func:`resolve`,
+:func:`one_process`) is pure; the measurement lives in :mod:`search.compute.gpu_memory`.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
 from search.contract.registry import IN_PROCESS, PROCESSES, ParallelMode
 from search.errors import SearchError
@@ -41,14 +45,6 @@ from search.errors import SearchError
 if TYPE_CHECKING:
     from search.spec.schema import ResourcesSpec
 
-GPU_MEMORY_FRACTION = "gpu_memory_fraction"
-"""``ctx.extras`` key: the share of the GPU's memory the trial's process may allocate (or None)."""
-GPU_SHARE = "gpu_share"
-"""``ctx.extras`` key: the share of a GPU Ray reserved for the trial."""
-GPU_TOTAL_BYTES = "gpu_total_bytes"
-"""``ctx.extras`` key: the measured GPU's memory, when ``auto`` measured one."""
-REPLICAS = "replicas"
-"""``ctx.extras`` key: devices an ``in_process`` data-parallel trial mirrors its model over."""
 CUDA_CONTEXT_BYTES = 512 * 2**20
 """What each CUDA process holds outside PyTorch's caching allocator (context, kernels)."""
 CONTEXT_RESERVE = 0.05
@@ -156,21 +152,46 @@ def grow_share(share: float) -> float:
     return 1.0 if trials // 2 <= 1 else _floor4(1.0 / (trials // 2))
 
 
-def share_extras(extras: Mapping[str, Any], share: float | None) -> dict[str, Any]:
-    """``extras`` for a trial that holds ``share`` of a GPU (a retry may hold more than the
-    share planned for it): the memory cap grows in proportion, and vanishes for a whole GPU."""
-    out = dict(extras)
-    if not share or share <= 0:
-        return out
-    planned, cap = extras.get(GPU_SHARE), extras.get(GPU_MEMORY_FRACTION)
-    if share >= 1.0:
-        fraction = None
-    elif cap and planned:
-        fraction = _floor4(min(float(cap) * share / float(planned), share))
-    else:
-        fraction = memory_fraction(share, extras.get(GPU_TOTAL_BYTES))
-    out.update({GPU_SHARE: share, GPU_MEMORY_FRACTION: fraction})
-    return out
+@dataclass(frozen=True)
+class Share:
+    """A trial's share of its devices: what Ray holds for it and what its process may use.
+
+    It travels typed from :func:`resolve` through :class:`search.compute.job.TrialJob` to the
+    trial's :class:`~search.contract.TrialContext` fields, and :mod:`search.compute.limits`
+    applies it.
+
+    Attributes:
+        gpus: The GPU resource Ray holds for the trial (None: no GPU).
+        memory_fraction: The cap on the trial's GPU memory, as a share of the GPU's memory
+            (None: no cap, the trial has its GPUs to itself).
+        gpu_total_bytes: The GPU's memory, when ``gpus_per_trial: auto`` measured it.
+        replicas: Devices an ``in_process`` data-parallel trial mirrors its model over.
+    """
+
+    gpus: float | None = None
+    memory_fraction: float | None = None
+    gpu_total_bytes: int | None = None
+    replicas: int = 1
+
+    def holding(self, gpus: float | None) -> Share:
+        """This share for a trial that holds ``gpus`` of a GPU (a retry may hold more than the
+        share planned for it): the memory cap grows in proportion, and vanishes for a whole GPU.
+
+        Example:
+            >>> Share(gpus=0.25, memory_fraction=0.2).holding(0.5).memory_fraction
+            0.4
+            >>> Share(gpus=0.25, memory_fraction=0.2).holding(1.0).memory_fraction is None
+            True
+        """
+        if not gpus or gpus <= 0:
+            return self
+        if gpus >= 1.0:
+            fraction = None
+        elif self.memory_fraction and self.gpus:
+            fraction = _floor4(min(self.memory_fraction * gpus / self.gpus, gpus))
+        else:
+            fraction = memory_fraction(gpus, self.gpu_total_bytes)
+        return replace(self, gpus=gpus, memory_fraction=fraction)
 
 
 @dataclass(frozen=True)
@@ -202,14 +223,34 @@ class Placement:
         """The ``tune.with_resources`` request of one trial."""
         return {"cpu": self.cpus_per_trial, "gpu": self.gpus_per_trial}
 
-    def extras(self) -> dict[str, Any]:
-        """The trial extras (``ctx.extras``) that carry the GPU share, memory cap, replicas."""
-        return {
-            GPU_SHARE: self.gpus_per_trial or None,
-            GPU_MEMORY_FRACTION: self.memory_fraction,
-            GPU_TOTAL_BYTES: self.total_gpu_bytes,
-            REPLICAS: self.replicas,
-        }
+    @property
+    def share(self) -> Share:
+        """What each trial's process gets of its devices (carried on the trial's job)."""
+        return Share(
+            self.gpus_per_trial or None,
+            self.memory_fraction,
+            self.total_gpu_bytes,
+            self.replicas,
+        )
+
+
+def one_process(resources: ResourcesSpec) -> Placement:
+    """The placement of a run outside Ray Tune (a confirmation run, the final model, ``train``):
+    one process, as many threads as ``cpus_per_trial`` (default 1) and, on a fraction of a GPU,
+    the memory cap a trial of that share gets. ``gpus_per_trial: auto`` holds no share here
+    (:func:`search.handover.export.with_placement` resolves it on the cluster first).
+
+    Example:
+        >>> from search.spec.schema import ResourcesSpec
+        >>> placed = one_process(ResourcesSpec(cpus_per_trial=2, gpus_per_trial=0.5))
+        >>> placed.num_threads, placed.share.gpus, placed.share.memory_fraction
+        (2, 0.5, 0.45)
+    """
+    wanted = resources.gpus_per_trial
+    gpus = 0.0 if wanted == "auto" else float(wanted or 0.0)
+    cpus = float(resources.cpus_per_trial or 1.0)
+    fraction = memory_fraction(gpus) if 0 < gpus < 1 else None
+    return Placement(cpus, gpus, 1, max(1, math.floor(cpus + 1e-9)), memory_fraction=fraction)
 
 
 def resolve(

@@ -5,7 +5,9 @@
 2. **Confirmation**: each candidate is trained again ``S`` times at the full epoch budget, with
    fresh seeds (:func:`~search.handover.candidates.confirmation_seeds`: the same ``S`` seeds
    for every candidate, none of them a seed the search used), as plain ``ray.remote`` tasks
-   with one trial's resources, at most ``resources.max_concurrent`` at once (search trials
+   with one trial's resources and a trial's threads and GPU memory cap
+   (:func:`search.compute.limits.prepare`, user attribute ``limits`` as on a trial), at most
+   ``resources.max_concurrent`` at once (search trials
    already had their chance to be lucky; new seeds measure the config, not the draw). Every
    run is recorded in the study ``<study>-confirm`` of ``results/<study>/confirm.db``, with its
    intermediate values and the user attributes ``role: confirmation``, ``source_trial``,
@@ -22,7 +24,6 @@
 from __future__ import annotations
 
 import math
-import os
 import statistics
 import tempfile
 import time
@@ -61,6 +62,9 @@ class ConfirmRun:
     fail_reason: str | None = None
     device: str = "cpu"
     node: str = ""
+    limits: dict[str, Any] = field(default_factory=dict)
+    """What the run's process got (:func:`search.compute.limits.apply_limits`), as a trial's
+    user attribute ``limits``."""
 
     def value(self, metric: str) -> float | None:
         """The metric of the last epoch, or ``None`` when the run failed or lacks it."""
@@ -129,11 +133,10 @@ def _confirm_task(
         device=f"cuda ({','.join(map(str, gpu_ids))})" if gpu_ids else "cpu",
         node=socket.gethostname(),
     )
-    os.environ.setdefault("OMP_NUM_THREADS", str(max(1, int(spec.resources.cpus_per_trial or 1))))
     start = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="search-confirm-") as folder:
         try:
-            run.history, run.fail_reason = train_once(
+            run.history, run.fail_reason, run.limits = train_once(
                 spec,
                 params,
                 data,
@@ -171,6 +174,8 @@ def record_run(
         "device": run.device,
         "node": run.node,
     }
+    if run.limits:
+        attrs["limits"] = run.limits
     if run.fail_reason:
         attrs["fail_reason"] = run.fail_reason
     if run.history:

@@ -1,7 +1,8 @@
 """Training one config outside Ray Tune: confirmation runs, the final model, ``train``.
 
 Each run drives the trainable with :func:`search.contract.drive`, the loop Ray trials use,
-with the context :func:`search.compute.job.trial_context` builds for a trial of the spec.
+with the context :func:`search.compute.job.trial_context` builds for a trial of the spec, and
+the threads and memory cap a trial gets (:func:`search.compute.limits.prepare`).
 """
 
 from __future__ import annotations
@@ -12,7 +13,8 @@ from contextlib import closing
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from search.compute.job import PROFILE, trial_context, trial_job
+from search.compute.job import trial_context, trial_job
+from search.compute.limits import disarm, prepare
 from search.contract import Epoch, declarations, drive, nonfinite_reason
 from search.contract.driver import no_model, returns_model
 from search.errors import SearchError
@@ -60,30 +62,29 @@ def train_once(
     number: int = 0,
     device: str = "cpu",
     on_epoch: Callable[[Epoch], None] | None = None,
-) -> tuple[list[dict[str, float]], str | None]:
+) -> tuple[list[dict[str, float]], str | None, dict[str, Any]]:
     """Trains ``config`` to the spec's epoch budget in this process, profiling off.
 
     Returns:
-        Each epoch's numeric metrics, and why the run failed (``None`` when it did not).
+        Each epoch's numeric metrics, why the run failed (``None`` when it did not), and the
+        limits applied to the process (:func:`search.compute.limits.apply_limits`).
     """
     ctx = trial_context(
-        trial_job(spec, data),
-        seed=seed,
-        number=number,
-        device=device,
-        trial_dir=folder,
-        extras={PROFILE: False},
+        trial_job(spec, data), seed=seed, number=number, device=device, trial_dir=folder
     )
     history: list[dict[str, float]] = []
     reason: str | None = None
-    epochs = declarations(spec.trainable).train(config, data, ctx)
-    with closing(drive(epochs, spec.budget.max_epochs)) as run:
-        for epoch in run:
-            history.append({k: v for k, v in epoch.metrics.items() if isinstance(v, float)})
-            reason = epoch.fail_reason
-            if on_epoch is not None:
-                on_epoch(epoch)
-    return history, reason or (None if history else "the trainable yielded no epoch")
+    declared, limits = prepare(spec.trainable, ctx)
+    try:
+        with closing(drive(declared.train(config, data, ctx), spec.budget.max_epochs)) as run:
+            for epoch in run:
+                history.append({k: v for k, v in epoch.metrics.items() if isinstance(v, float)})
+                reason = epoch.fail_reason
+                if on_epoch is not None:
+                    on_epoch(epoch)
+    finally:
+        disarm()  # this process may go on (train, export, a test): TF imported later is its own
+    return history, reason or (None if history else "the trainable yielded no epoch"), limits
 
 
 def train_spec(
@@ -117,7 +118,7 @@ def train_spec(
     with tempfile.TemporaryDirectory(prefix="search-train-") as folder:
         if out_dir is None:
             shown = (lambda e: log(epoch_line(e.number, e.metrics, spec))) if log else None
-            runs, reason = train_once(
+            runs, reason, _ = train_once(
                 spec,
                 config,
                 data,
@@ -148,18 +149,20 @@ def export_model(
     history: list[dict[str, float]],
 ) -> tuple[dict[str, float], str | None]:
     """Trains through the export hook, which saves the model into ``out_dir``."""
-    export = declarations(spec.trainable).export
-    if export is None:
-        raise ExportError(no_hook(spec.trainable))
     ctx = trial_context(
         trial_job(spec, data),
         seed=seed,
         device=local_device(spec),
         trial_dir=folder,
-        extras={PROFILE: False},
         history=history,
     )
-    final = export(config, data, ctx, out_dir)
+    declared, _ = prepare(spec.trainable, ctx)
+    try:
+        if declared.export is None:
+            raise ExportError(no_hook(spec.trainable))
+        final = declared.export(config, data, ctx, out_dir)
+    finally:
+        disarm()
     reason = nonfinite_reason(final, len(history)) if final else "no epoch trained"
     return final, reason
 
@@ -177,9 +180,7 @@ def check_returns_model(spec: StudySpec, config: Mapping[str, Any], data: Datase
     if found.export is None:
         return
     with tempfile.TemporaryDirectory(prefix="search-probe-") as folder:
-        ctx = trial_context(
-            trial_job(spec, data), seed=0, trial_dir=folder, extras={PROFILE: False}
-        )
+        ctx = trial_context(trial_job(spec, data), seed=0, trial_dir=folder)
         if returns_model(found.export, config, data, ctx, Path(folder)) is False:
             raise ExportError(no_model(found.train))
 

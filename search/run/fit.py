@@ -21,8 +21,8 @@ from typing import TYPE_CHECKING, Any
 
 from ray.tune.stopper import CombinedStopper
 
-from search.compute.gpu_memory import OOM_RETRIES, OomRetry, measure
-from search.compute.job import trial_extras, trial_job
+from search.compute.gpu_memory import measure
+from search.compute.job import trial_job
 from search.compute.placement import Placement, resolve
 from search.contract import declarations
 from search.record.fate import TERMINATED
@@ -34,6 +34,7 @@ from search.run.bridge import ErrorCallback, OptunaBridge, Outcome
 from search.run.budget import BUDGET_CAUSE, DeviceBudget, budget_for, spent_before
 from search.run.cluster import init_ray
 from search.run.moasha import MultiObjectiveASHA
+from search.run.oom import OOM_RETRIES, OomRetry
 from search.run.output import attach_output
 from search.run.progress import ProgressCallback
 from search.run.scheduler import PruneReportingASHA, build_scheduler
@@ -217,7 +218,7 @@ def place(spec: StudySpec, data: SharedData) -> Placement:
     res, cluster = spec.resources, ray.cluster_resources()
     measured = None
     if res.gpus_per_trial == "auto" and cluster.get("GPU", 0) > 0:
-        measured = measure(spec, data.ref, trial_extras(spec, data))
+        measured = measure(spec, data)
     several = (res.workers_per_trial or 1) > 1 or (
         res.gpus_per_trial != "auto" and res.gpus_per_trial >= 2
     )

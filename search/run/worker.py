@@ -25,7 +25,6 @@ from typing import TYPE_CHECKING, Any
 from search.compute.distributed import data_parallel
 from search.compute.job import TrialJob, trial_context
 from search.compute.limits import apply_limits
-from search.compute.placement import share_extras
 from search.contract import RESERVED_PREFIX, ConfigError, TrialContext, declarations, drive
 from search.contract.reads import ReadConfig
 from search.record.fate import (
@@ -100,7 +99,7 @@ def _context(config: Mapping[str, Any], job: TrialJob, device: str) -> TrialCont
         number=int(config.get(NUMBER, 0)),
         device=device,
         trial_dir=tune.get_context().get_trial_dir() or ".",
-        extras=share_extras(job.extras, share),
+        share=job.share.holding(share),
         checkpoint_dir=tempfile.mkdtemp(prefix="search-ckpt-") if job.checkpoints else None,
         restore_dir=restore_dir,
         start_epoch=done + 1,
@@ -228,7 +227,7 @@ def _run(
         epochs = data_parallel(job.trainable, params, data, ctx, job.workers, log)
     else:
         epochs = train(params if reads is None else reads, data, ctx)
-    planned = job.workers * int(job.extras.get("replicas") or 1)
+    planned = job.workers * job.share.replicas
     last = ctx.start_epoch - 1
     try:
         with closing(drive(epochs, job.max_epochs, ctx.start_epoch, job.required)) as run:

@@ -3,8 +3,8 @@
 The twin of ``trainables.torch.common``. The config keys are the same names the PyTorch
 trainables read (:mod:`trainables.knobs`), so one search space drives either framework. Data
 lives in :mod:`trainables.tf.data`, the fit loop in :mod:`trainables.tf.loop`, the export hook
-in :mod:`trainables.tf.export`, devices (threads, GPU memory, replicas) in
-:mod:`trainables.tf.devices`.
+in :mod:`trainables.tf.export`, the replicas and their strategy in :mod:`trainables.tf.devices`
+(threads and GPU memory are the framework's: :mod:`search.compute.limits`).
 
 Only TensorFlow trainables import this module, so ``import trainables`` never imports TF.
 """
@@ -70,7 +70,8 @@ def setup(
     ctx: TrialContext,
     choices: Mapping[str, tuple[str, ...]] | None = None,
 ) -> tuple[dict[str, Any], tf.distribute.Strategy]:
-    """A trainable's first lines: config, precision check, threads and GPUs, fresh Keras, seed.
+    """A trainable's first lines: config, precision check, fresh Keras, seed, strategy (the
+    framework set the threads and GPUs up before, :mod:`search.compute.limits`).
 
     The twin of ``trainables.torch.common.setup``: the same arguments, and the same kind of
     return value, ``(cfg, device)``: the filled config and where the model trains.
@@ -83,7 +84,6 @@ def setup(
     cfg = read_config(config, defaults, choices)
     device = "cuda" if ctx.device.startswith("cuda") else "cpu"
     check_precision(cfg["precision"], device)
-    devices.configure(ctx)
     keras.backend.clear_session()  # trial processes are reused: drop the last trial's state
     set_seed(ctx.seed)
     return cfg, devices.strategy(ctx)

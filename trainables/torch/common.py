@@ -42,7 +42,8 @@ def setup(
     ctx: TrialContext,
     choices: Mapping[str, tuple[str, ...]] | None = None,
 ) -> tuple[dict[str, Any], torch.device]:
-    """A trainable's first lines: read the config, check precision, threads, seed, device.
+    """A trainable's first lines: read the config, check precision, seed, device (the
+    framework set the threads and the GPU memory cap before, :mod:`search.compute.limits`).
 
     The twin of ``trainables.tf.common.setup``: the same arguments, and the same kind of
     return value, ``(cfg, device)``: the filled config and where the model trains.
@@ -55,19 +56,15 @@ def setup(
     check_precision(cfg["precision"], device)
     if device.type == "cuda":
         device = place_on_gpu(ctx)
-    torch.set_num_threads(max(1, ctx.num_threads))
     set_seed(ctx.seed)
     return cfg, device
 
 
 def place_on_gpu(ctx: TrialContext) -> torch.device:
-    """The trial's GPU (the rank-th of Ray's GPUs in a data-parallel trial), with the process's
-    allocator capped at ``ctx.gpu_memory_fraction`` when trials share the GPU."""
+    """The trial's GPU: the rank-th of Ray's GPUs in a data-parallel trial (the framework
+    capped its memory when trials share it)."""
     device = torch.device("cuda", ctx.rank)
     torch.cuda.set_device(device)
-    fraction = ctx.gpu_memory_fraction
-    if fraction:
-        torch.cuda.set_per_process_memory_fraction(float(fraction), device)
     return device
 
 
