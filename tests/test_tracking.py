@@ -188,7 +188,8 @@ def test_each_trial_is_one_child_run_that_mirrors_the_optuna_record(tracked: tup
     parent, children = _children(client, "tracked")
     assert sorted(children) == [t.number for t in study.trials] == list(range(8))
     states = Counter(t.state.name for t in study.trials)
-    assert states["COMPLETE"] and states["PRUNED"] and states["FAIL"]
+    shown = [(t.number, t.state.name, t.user_attrs) for t in study.trials]
+    assert states["COMPLETE"] and states["PRUNED"] and states["FAIL"], shown
     assert study.trials[0].user_attrs["retries"] == 1  # retried from its checkpoint
     table = read_epochs(tmp / "results" / "tracked" / EPOCHS_FILE)
     for trial in study.trials:
@@ -206,8 +207,8 @@ def test_each_trial_is_one_child_run_that_mirrors_the_optuna_record(tracked: tup
             assert len(history) == len(curve) == epochs
             assert got.keys() == curve.keys()
             assert all(got[e] == v or (v != v and got[e] != got[e]) for e, v in curve.items())
-        objective = {m.step: m.value for m in client.get_metric_history(run.info.run_id, "val_accuracy")}
-        assert objective == trial.intermediate_values
+        objective = client.get_metric_history(run.info.run_id, "val_accuracy")
+        assert {m.step: m.value for m in objective} == trial.intermediate_values
     assert study.trials[1].user_attrs["fail_reason"] == "val_loss is nan at epoch 2"
 
 

@@ -225,6 +225,8 @@ class StudyRuns:
         if self._client is None:
             os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
             os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "5")
+            # MLflow prints each ended run's link, the URI's password and all, to stdout
+            os.environ["MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"] = "true"
             if is_folder(self._uri):  # MLflow 3 keeps its file store behind a switch
                 os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")
             from mlflow import MlflowClient
