@@ -133,10 +133,26 @@ def test_earlier_trials_not_logged_yet_go_first_once_the_parent_run_is_open(quic
     assert asked == [[0, 1, 2]]
 
 
+def test_a_tracking_uri_mlflow_cannot_use_or_that_names_an_unset_variable_is_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from search.errors import SpecError
+    from search.run.preflight import PreflightError, check_tracking
+
+    with pytest.raises(SpecError) as bad:
+        parse_spec(base_spec(tmp_path, tracking={"mlflow": f"ftp://bob:{SECRET}@h/x"}), "s.yaml")
+    assert str(bad.value).startswith("s.yaml: tracking.mlflow: expected an http(s):// MLflow")
+    assert SECRET not in str(bad.value) and "\n" not in str(bad.value)
+    monkeypatch.delenv("NO_SUCH_PW", raising=False)
+    spec = parse_spec(base_spec(tmp_path, tracking={"mlflow": "http://bob:${NO_SUCH_PW}@h:1"}))
+    with pytest.raises(PreflightError, match="tracking.mlflow: environment variable NO_SUCH_PW"):
+        check_tracking(spec)
+
+
 # --- real studies ---------------------------------------------------------------------------
 
 FLAKY = {"x": 0.9, "lr": 0.1, "fail_once_at": 2}  # fails once at epoch 2, retried: one run
-EXPLODES = {"x": 1.0, "lr": 1.4, "fail_once_at": 0}  # its loss turns NaN at epoch 2: FAIL
+EXPLODES = {"x": 0.5, "lr": 1.4, "fail_once_at": 0}  # its loss turns NaN at epoch 2: FAIL
 
 
 def _mlflow_client(uri: str) -> Any:
@@ -165,7 +181,7 @@ def tracked(ray_local: None, tmp_path_factory: pytest.TempPathFactory) -> tuple:
         tmp,
         study="tracked",
         budget={"trials": 6, "max_epochs": 4},
-        asha={"grace_period": 1, "reduction_factor": 2},
+        asha={"grace_period": 2, "reduction_factor": 2},  # one rung, at epoch 2
         sampler={"name": "random", "seed": 129, "start_from": [FLAKY, EXPLODES]},
         space={
             "x": {"uniform": [0.0, 1.0]},
