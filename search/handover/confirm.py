@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 from search.errors import one_line
 from search.handover.candidates import Candidate, resolved_config
 from search.handover.train import Log, train_once
-from search.record.storage import open_storage, redact
+from search.record.storage import open_storage, redacted_spec
 from search.record.study import CONFIRM_SUFFIX, confirm_storage
 from search.run.cluster import init_ray
 from search.spec.schema import parse_spec
@@ -229,7 +229,7 @@ def run_confirmation(
         name="search-confirm",
     )
     data_ref = ray.put(data)
-    spec_data = spec.to_dict() | {"storage": redact(spec.storage)}  # tasks never need it
+    spec_data = redacted_spec(spec.to_dict())  # tasks never need the URLs' passwords
     export_run = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     by_number = {c.number: c for c in cands}
     queue = [(c, seed) for c in cands for seed in seeds]

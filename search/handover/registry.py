@@ -37,7 +37,7 @@ from search.errors import SearchError, one_line
 from search.handover.candidates import stored_spec
 from search.handover.mlflow_model import log_model
 from search.handover.promote import promote, version_tags
-from search.record.storage import expand, redact
+from search.record.storage import expand, redact, scrub
 from search.record.study import load_study
 
 CHALLENGER = "challenger"
@@ -73,20 +73,6 @@ class Target:
     def shown(self) -> str:
         """The URI safe to print: any password replaced by ``***``."""
         return redact(self.uri)
-
-
-def scrub(text: str, uri: str) -> str:
-    """``text`` (an MLflow error) with ``uri``'s password masked, in one line."""
-    for raw in {uri, expand_quiet(uri)}:
-        text = text.replace(raw, redact(raw))
-    return redact(one_line(text))
-
-
-def expand_quiet(uri: str) -> str:
-    try:
-        return expand(uri)
-    except KeyError:
-        return uri
 
 
 def quiet_client(uri: str) -> Any:

@@ -10,13 +10,14 @@ from __future__ import annotations
 import os
 import re
 import shutil
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
 import optuna
 
-from search.errors import DiskFullError, disk_full
+from search.errors import DiskFullError, disk_full, one_line
 from search.record.bulk import BulkReadRDBStorage
 
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
@@ -70,6 +71,50 @@ def redact(url: str) -> str:
     """
     url = re.sub(r"(://[^:/@]*:)(?!\$\{\w+\}@[^@]*$)[^?#]*@", r"\1***@", url)
     return re.sub(r"([?&]password=)(?!\$\{\w+\}(?:&|$))[^&]*", r"\1***", url)
+
+
+def redacted_spec(data: Mapping[str, Any]) -> dict[str, Any]:
+    """A spec's data with the password of every URL in it masked (the storage, the tracking
+    URI, export's MLflow URI): what is stored or handed on.
+
+    Example:
+        >>> redacted_spec({"storage": "sqlite:///o.db", "tracking": {"mlflow": "http://a:pw@h"}})
+        {'storage': 'sqlite:///o.db', 'tracking': {'mlflow': 'http://a:***@h'}}
+    """
+    out = dict(data)
+    if isinstance(out.get("storage"), str):
+        out["storage"] = redact(out["storage"])
+    for path in (("tracking", "mlflow"), ("export", "mlflow", "tracking_uri")):
+        node = out
+        for key in path[:-1]:
+            if not isinstance(node.get(key), Mapping):
+                break
+            node[key] = node = dict(node[key])
+        else:
+            if isinstance(node.get(path[-1]), str):
+                node[path[-1]] = redact(node[path[-1]])
+    return out
+
+
+def expand_quiet(url: str) -> str:
+    """:func:`expand`, or ``url`` itself when a variable it names is not set."""
+    try:
+        return expand(url)
+    except KeyError:
+        return url
+
+
+def scrub(text: str, url: str) -> str:
+    """``text`` (an error message that may quote ``url``, expanded or not) in one line, with
+    ``url``'s password masked.
+
+    Example:
+        >>> scrub("failed: http://bob:s3cret@host:5000/api", "http://bob:s3cret@host:5000")
+        'failed: http://bob:***@host:5000/api'
+    """
+    for raw in {url, expand_quiet(url)}:
+        text = text.replace(raw, redact(raw))
+    return redact(one_line(text))
 
 
 def with_driver(url: str) -> str:

@@ -12,7 +12,7 @@ import optuna
 from search.errors import SearchError
 from search.record.lease import StudyLease
 from search.record.samplers import build_sampler, describe
-from search.record.storage import open_storage, redact
+from search.record.storage import open_storage, redact, redacted_spec
 from search.spec.derive import incompatible_change
 
 if TYPE_CHECKING:
@@ -142,7 +142,7 @@ def record_spec(study: optuna.Study, spec: StudySpec) -> None:
         described["args"],
     ]:
         study.set_user_attr(SAMPLER, described)
-    new = spec.to_dict() | {"storage": redact(spec.storage)}
+    new = redacted_spec(spec.to_dict())
     old = study.user_attrs.get("spec")
     if isinstance(old, dict) and old != new:
         changed = {k: [old.get(k), v] for k, v in new.items() if old.get(k) != v}

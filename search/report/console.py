@@ -68,6 +68,8 @@ def print_summary(console: Console, study: optuna.Study, summary: RunSummary, fo
         params = ", ".join(f"{k}={_fmt(v)}" for k, v in best.params.items())
         console.print(f"best params {params}")
     console.print(f"results in {folder}/ (trials.csv, best.yaml)")
+    if summary.tracking:
+        console.print(summary.tracking, markup=False, highlight=False, soft_wrap=True)
 
 
 TABLE_LIMIT = 500

@@ -56,6 +56,8 @@ class Outcome:
         unread: The config keys its trainable never read (``None``: not watched; see
             :mod:`search.contract.reads`).
         missed: The keys its trainable asked for that its config did not hold.
+        params: Its sampled parameters, as the study holds them.
+        attrs: The user attributes the study holds for it (``epochs``, ``stopped_by``, ...).
     """
 
     number: int
@@ -68,6 +70,8 @@ class Outcome:
     log: str | None = None
     unread: tuple[str, ...] | None = None
     missed: tuple[str, ...] = ()
+    params: dict[str, Any] = field(default_factory=dict)
+    attrs: dict[str, Any] = field(default_factory=dict)
 
 
 class OptunaBridge(Searcher):
@@ -252,6 +256,8 @@ class OptunaBridge(Searcher):
             record.log,
             record.unread,
             record.missed,
+            dict(trial.params),
+            attrs,
         )
         self.outcomes[trial_id] = outcome
         for listener in self._listeners:
@@ -259,9 +265,9 @@ class OptunaBridge(Searcher):
 
     # The Optuna storage is the durable state. Ray pickles the searcher into its experiment
     # folder (tuner.pkl, searcher checkpoints); the study, and with it a storage URL that may
-    # hold a password, must not go there.
+    # hold a password, must not go there, nor the listeners (the tracker holds its URI).
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_study": None, "_live": {}}
+        return {**self.__dict__, "_study": None, "_live": {}, "_listeners": []}
 
     def save(self, checkpoint_path: str) -> None:
         pass

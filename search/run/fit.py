@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import sys
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -48,6 +49,7 @@ if TYPE_CHECKING:
     import optuna
     from ray.tune import Callback, Stopper
 
+    from search.run.bridge import Outcome
     from search.run.data import SharedData
     from search.run.options import RunOptions
     from search.spec.schema import StudySpec
@@ -61,11 +63,13 @@ def fit(
     budget: int,
     data: SharedData,
     termination: Termination | None = None,
+    listeners: Sequence[Callable[[Outcome], None]] = (),
 ) -> tuple[dict[int, str], str | None, tuple[float, float, str] | None]:
     """Runs ``budget`` trials through Ray Tune; returns each one's number and final state, why
     the run stopped early (``None`` when it did not), and the device-hours spent against the
     spec's device budget (``None`` without one). ``termination`` records whether SIGTERM
-    stopped the run (:mod:`search.run.signals`)."""
+    stopped the run (:mod:`search.run.signals`); ``listeners`` are told each trial's
+    :class:`~search.run.bridge.Outcome` once the study holds it."""
     import optuna
 
     init_ray(options.address)
@@ -102,6 +106,7 @@ def fit(
             unread,
             lambda done: append_epochs(table, done.number, done.metrics),
             attach,
+            *listeners,
         ],
         start=pending_start(study, spec),
     )

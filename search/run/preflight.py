@@ -101,6 +101,20 @@ def check_storage(url: str, field: str = "storage", timeout_s: float = TIMEOUT_S
         engine.dispose()
 
 
+def check_tracking(spec: StudySpec, field: str = "tracking.mlflow") -> None:
+    """Checks that the variables a ``tracking`` URI names are set. Whether its server answers
+    is not checked: the study runs without it (:mod:`search.record.tracking`)."""
+    if spec.tracking is None:
+        return
+    try:
+        expand(spec.tracking.mlflow)
+    except KeyError as exc:
+        raise PreflightError(
+            f"{field}: environment variable {exc.args[0]} is not set "
+            f"(the URI {redact(spec.tracking.mlflow)} uses it)"
+        ) from None
+
+
 def _check_sqlite(real: str, field: str) -> None:
     database = real.removeprefix("sqlite:").removeprefix("///").split("?", 1)[0]
     if database in ("", "//", ":memory:"):
@@ -270,6 +284,7 @@ def check_run(
         check_user_trainable(spec, source)
     check_data(spec, data_field)
     check_storage(spec.storage, storage_field)
+    check_tracking(spec, f"{source}: tracking.mlflow")
     check_ray_address(address)
     if address not in (None, "local"):
         join_ray(address)

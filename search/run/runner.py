@@ -5,15 +5,19 @@ what a dead driver left, then runs its trials (:mod:`search.run.fit`) and releas
 from __future__ import annotations
 
 import contextlib
+import sys
 import time
+from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
 from search.record.lease import StudyLease, new_run_id
+from search.record.mlflow_runs import TrialRun
 from search.record.resume import recover
 from search.record.samplers import grid_size
 from search.record.storage import redact
 from search.record.study import open_study, record_spec
+from search.record.tracking import Tracker, track
 from search.record.warm import earlier_study, import_trials
 from search.run.cluster import init_ray, local_ray_processes
 from search.run.data import load_data, share
@@ -26,6 +30,7 @@ if TYPE_CHECKING:
     import optuna
 
     from search.contract import Dataset
+    from search.run.bridge import Outcome
     from search.spec.schema import StudySpec
 
 
@@ -52,19 +57,27 @@ def run_study(spec: StudySpec, options: RunOptions = RunOptions()) -> RunSummary
         lease.release()
         _forget_if_new(study)
         raise
+    tracker: Tracker | None = None
     try:
         record_spec(study, spec)
         import_trials(study, spec, options.source)
         recovery = recover(study)
         budget = min(spec.budget.trials, grid_size(spec) or spec.budget.trials) - recovery.counted
         termination = Termination()
+        tracker = track(spec, study, options.results_dir)
         finished, stopped, hours = (
-            fit(spec, options, study, lease.run_id, budget, shared, termination)
+            fit(spec, options, study, lease.run_id, budget, shared, termination, _told(tracker))
             if budget > 0
             else ({}, None, None)
         )
-    finally:
+    except BaseException:
         lease.release()
+        if tracker is not None:  # the parent run ends KILLED, and the line still shows
+            print(tracker.close("KILLED"), file=sys.stderr)
+        raise
+    lease.release()
+    status = "KILLED" if termination.received else "FAILED" if stopped else "FINISHED"
+    tracked = tracker.close(status) if tracker is not None else None
     return RunSummary(
         study_name=spec.study,
         storage=redact(spec.storage),
@@ -75,7 +88,19 @@ def run_study(spec: StudySpec, options: RunOptions = RunOptions()) -> RunSummary
         stopped_early=stopped,
         device_hours=hours,
         terminated=termination.received,
+        tracking=tracked,
     )
+
+
+def _told(tracker: Tracker | None) -> list[Callable[[Outcome], None]]:
+    """The bridge listener that hands each trial's outcome to ``tracker`` (none without)."""
+    if tracker is None:
+        return []
+    return [
+        lambda done: tracker.trial(
+            TrialRun(done.number, done.state, done.params, done.metrics, done.attrs)
+        )
+    ]
 
 
 def _forget_if_new(study: optuna.Study) -> None:

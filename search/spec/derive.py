@@ -36,6 +36,7 @@ def one_trial_spec(
     data.pop("profile", None)
     data.pop("profile_trial", None)
     data.pop("export", None)  # a retrain registers nothing, and a URI may hold a password
+    data.pop("tracking", None)  # nor is it tracked
     return data
 
 

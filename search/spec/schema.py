@@ -264,6 +264,30 @@ class ExportSpec(_Strict):
     mlflow: MlflowExportSpec | None = None
 
 
+TRACKING_SCHEMES = ("http://", "https://", "sqlite:///", "postgresql://", "mysql://", "file:")
+
+
+class TrackingSpec(_Strict):
+    """Where the search itself is tracked (:mod:`search.record.tracking`).
+
+    ``mlflow``: an MLflow server (``http://host:5000``), ``sqlite:///mlflow.db`` (or another
+    database MLflow takes) or a local folder; ``${VAR}`` reads the environment. The study is
+    one run of the experiment named after it, each trial a child run.
+    """
+
+    mlflow: str = Field(min_length=1)
+
+    @field_validator("mlflow")
+    @classmethod
+    def _known_scheme(cls, value: str) -> str:
+        if "://" in value and not value.startswith(TRACKING_SCHEMES):
+            raise ValueError(
+                "expected an http(s):// MLflow server, a sqlite:/// (or postgresql://, "
+                f"mysql://) database or a local folder, got {value.split('://')[0]!r}://..."
+            )
+        return value
+
+
 class StudySpec(_Strict):
     """A whole study: what to train, on what, how to search and where to record it."""
 
@@ -281,6 +305,7 @@ class StudySpec(_Strict):
     profile_trial: int = Field(0, ge=0)
     storage: str = DEFAULT_STORAGE
     export: ExportSpec | None = None
+    tracking: TrackingSpec | None = None
     fixed: dict[str, Any] = {}
     space: dict[str, Param] = {}
 

@@ -39,12 +39,18 @@ def curve(config: Mapping[str, Any], data: Dataset, ctx: TrialContext) -> Iterat
         hang_trial: Only this trial number hangs (default: every trial).
         save_every: Write the state only every this many epochs (1, 1 + n, ...).
         latency: Yield it as ``latency_ms`` each epoch (a cost objective).
+        hold_file, hold_from: Trials numbered ``hold_from`` or more wait (up to 120 s) until
+            the file ``hold_file`` exists before their first epoch (a test's gate).
         trace_dir, wait_for, oom_below_share: see :func:`_traced` (placement tests).
     """
     if any(key in config for key in _TRACE_KEYS):
         yield from _traced(config, data, ctx)
         return
     quality = float(config.get("x", 0.5))
+    if config.get("hold_file") and ctx.trial_number >= int(config.get("hold_from", 0)):
+        deadline = time.monotonic() + 120.0
+        while not Path(str(config["hold_file"])).exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
     if ctx.restore_dir is not None:  # the saved state must be there and agree with the epoch
         saved = json.loads((Path(ctx.restore_dir) / "state.json").read_text())
         assert saved["epoch"] == ctx.start_epoch - 1
