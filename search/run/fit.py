@@ -49,7 +49,6 @@ if TYPE_CHECKING:
     import optuna
     from ray.tune import Callback, Stopper
 
-    from search.run.bridge import Outcome
     from search.run.data import SharedData
     from search.run.options import RunOptions
     from search.spec.schema import StudySpec
