@@ -350,10 +350,9 @@ def export(
         result = export_study(study, storage, out, top_k, seeds, address, results, log, pick=pick)
         bundles = [result.out_dir]
     if target is not None:
-        from search.handover.registry import register_bundle
+        from search.handover.registry import register_bundles
 
-        for folder in bundles:
-            register_bundle(folder, target, log)
+        register_bundles(bundles, target, log)
 
 
 def _registry(

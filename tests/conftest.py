@@ -99,8 +99,9 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def wait_http(url: str, proc: subprocess.Popen[bytes], seconds: float = 120) -> None:
-    """Returns once ``url`` answers 200; raises when ``proc`` exits or ``seconds`` pass."""
+def wait_http(url: str, proc: subprocess.Popen[bytes], seconds: float = 300) -> None:
+    """Returns once ``url`` answers 200; raises when ``proc`` exits or ``seconds`` pass (a
+    guard for a machine many tests share: a server there can take minutes to start)."""
     import requests
 
     deadline = time.monotonic() + seconds
@@ -135,10 +136,16 @@ def venv_path() -> str:
 
 
 @pytest.fixture(scope="session")
-def mlflow_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def mlflow_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The folder of :func:`mlflow_server`'s database and artifacts."""
+    return tmp_path_factory.mktemp("mlflow")
+
+
+@pytest.fixture(scope="session")
+def mlflow_server(mlflow_root: Path) -> Iterator[str]:
     """A real MLflow tracking server and registry (SQLite backend store, local artifacts) on
     127.0.0.1 and a free port, shared by the session: each test registers its own model name."""
-    root = tmp_path_factory.mktemp("mlflow")
+    root = mlflow_root
     port = free_port()
     cmd = [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port)]
     cmd += ["--backend-store-uri", f"sqlite:///{root}/mlflow.db", "--workers", "1"]
