@@ -93,9 +93,12 @@ def expand_quiet(uri: str) -> str:
 
 
 def quiet_client(uri: str) -> Any:
-    """An ``MlflowClient`` on ``uri`` that gives up on an unreachable server in seconds."""
+    """An ``MlflowClient`` on ``uri`` that gives up on an unreachable server in seconds and
+    prints no URL of its own (MLflow's "View run at" line shows the URI's password; the
+    lines of :func:`register_bundle` show it masked)."""
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "1")
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
+    os.environ["MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"] = "true"
     from mlflow import MlflowClient
 
     return MlflowClient(tracking_uri=uri, registry_uri=uri)
@@ -254,6 +257,9 @@ def _register(folder: Path, target: Target, log: Any) -> str:
     uri = f"models:/{target.model_name}/{version.version}"
     alias = f" ({target.alias})" if target.alias else ""
     log(f"registered {uri}{alias} in {target.shown}, run {run.info.run_id}")
+    if target.shown.startswith(("http://", "https://")):
+        page = f"{target.shown.rstrip('/')}/#/models/{target.model_name}/versions/{version.version}"
+        log(f"see it at {page}")
     if target.promote:
         promote(client, target.model_name, version.version, log)
     _note_in_bundle(folder, metrics, uri, target, run.info.run_id)
