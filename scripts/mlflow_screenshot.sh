@@ -24,8 +24,12 @@ setsid "$PY" -m mlflow server --host 127.0.0.1 --port "$port" --workers 1 \
 server=$!
 trap 'kill -- -$server 2>/dev/null; wait $server 2>/dev/null; rm -rf "$work"' EXIT
 
-"$PY" -m search run spaces/cnn.yaml --trials 4 --max-epochs 3 \
-  --storage "sqlite:///$work/optuna.db" --results "$work/results"
+# three tries: on a busy machine Ray's start can time out; the same command continues the study
+for try in 1 2 3; do
+  "$PY" -m search run spaces/cnn.yaml --trials 4 --max-epochs 3 \
+    --storage "sqlite:///$work/optuna.db" --results "$work/results" && break
+  [ "$try" = 3 ] && exit 1
+done
 until curl -sf "$url/health" >/dev/null; do
   kill -0 "$server" 2>/dev/null || { cat "$work/server.log"; exit 1; }
   sleep 1
