@@ -50,7 +50,7 @@ def test_pareto_registers_one_version_per_point_tagged_with_its_trial(
     proc = _cli(
         "export", "mo", "--storage", spec.storage, "--pareto", "--seeds", "1", "--out", str(out),
         "--results", str(tmp_path / "r"), "--mlflow", mlflow_server, "--model-name", "mo-front",
-        timeout=300,
+        timeout=600,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     versions = _versions(mlflow_server, "mo-front")
@@ -93,7 +93,7 @@ def test_a_tracking_uri_password_is_written_nowhere(
     proc = _cli(
         "export", "pw", "--storage", spec.storage, "--top-k", "1", "--seeds", "1",
         "--out", str(out), "--results", str(tmp_path / "r"), "--mlflow", uri,
-        "--model-name", "pw-model", timeout=300,
+        "--model-name", "pw-model", timeout=600,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "user:***@127.0.0.1" in proc.stdout  # the registry is named, masked
@@ -159,7 +159,7 @@ def test_a_keras_winner_is_registered_and_served(mlflow_server: str, tmp_path: P
     proc = _cli(
         "export", "wine-keras", "--storage", storage, "--top-k", "1", "--seeds", "1",
         "--out", str(out), "--results", str(tmp_path / "r"), "--mlflow", mlflow_server,
-        "--model-name", "wine-keras", timeout=300,
+        "--model-name", "wine-keras", timeout=600,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert {"model.keras", "model.onnx", "inputs.json"} <= {p.name for p in out.iterdir()}
