@@ -357,10 +357,9 @@ def export(
         result = export_study(study, storage, out, top_k, seeds, address, results, log, pick=pick)
         bundles = [result.out_dir]
     if target is not None:
-        from search.handover.registry import register_bundle
+        from search.handover.registry import register_bundles
 
-        for folder in bundles:
-            register_bundle(folder, target, log)
+        register_bundles(bundles, target, log)
 
 
 def _registry(
@@ -493,6 +492,9 @@ def _exit_now(code: object) -> NoReturn:
     if isinstance(code, str):  # SystemExit("message"): the message, and status 1
         print(code, file=sys.stderr)
         code = 1
+    pools = sys.modules.get("concurrent.futures.thread")
+    if pools is not None:  # its idle workers wait for this hook (the interpreter's) to stop
+        pools._python_exit()  # type: ignore[attr-defined]
     for thread in threading.enumerate():
         if thread is not threading.current_thread() and not thread.daemon:
             thread.join()

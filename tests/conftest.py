@@ -1,10 +1,16 @@
-"""Shared fixtures: one local Ray per test session, deterministic seeds, spec helpers."""
+"""Shared fixtures: one local Ray per test session, deterministic seeds, spec helpers, a real
+MLflow server and its scoring server."""
 
 from __future__ import annotations
 
+import contextlib
+import os
 import random
+import signal
+import socket
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -84,3 +90,104 @@ def base_spec(tmp_path: Path, **changes: Any) -> dict[str, Any]:
     }
     spec.update(changes)
     return spec
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_http(url: str, proc: subprocess.Popen[bytes], seconds: float = 300) -> None:
+    """Returns once ``url`` answers 200; raises when ``proc`` exits or ``seconds`` pass (a
+    guard for a machine many tests share: a server there can take minutes to start)."""
+    import requests
+
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{proc.args} exited with {proc.returncode}")
+        try:
+            if requests.get(url, timeout=2).status_code == 200:
+                return
+        except requests.RequestException:
+            pass
+        time.sleep(0.5)
+    raise RuntimeError(f"{url} did not answer in {seconds} s")
+
+
+def stop(proc: subprocess.Popen[bytes]) -> None:
+    """Stops ``proc``'s process group (started with ``start_new_session``)."""
+    if proc.poll() is not None:
+        return
+    os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+
+
+def venv_path() -> str:
+    """``PATH`` with this interpreter's folder first, as in an activated venv (MLflow's
+    scoring server is the venv's ``uvicorn``)."""
+    return f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
+
+
+@pytest.fixture(scope="session")
+def mlflow_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The folder of :func:`mlflow_server`'s database and artifacts."""
+    return tmp_path_factory.mktemp("mlflow")
+
+
+@pytest.fixture(scope="session")
+def mlflow_server(mlflow_root: Path) -> Iterator[str]:
+    """A real MLflow tracking server and registry (SQLite backend store, local artifacts) on
+    127.0.0.1 and a free port, shared by the session: each test registers its own model name."""
+    root = mlflow_root
+    port = free_port()
+    cmd = [sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port)]
+    cmd += ["--backend-store-uri", f"sqlite:///{root}/mlflow.db", "--workers", "1"]
+    cmd += ["--artifacts-destination", str(root / "artifacts")]
+    log = (root / "server.log").open("wb")
+    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        wait_http(f"http://127.0.0.1:{port}/health", proc)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        stop(proc)
+
+
+@contextlib.contextmanager
+def served(model_uri: str, tracking_uri: str, log_dir: Path) -> Iterator[str]:
+    """``mlflow models serve -m MODEL_URI --env-manager local`` on 127.0.0.1 and a free port,
+    as the README shows it; yields its base URL once ``/ping`` answers."""
+    port = free_port()
+    env = {**os.environ, "MLFLOW_TRACKING_URI": tracking_uri, "PATH": venv_path()}
+    cmd = [sys.executable, "-m", "mlflow", "models", "serve", "-m", model_uri]
+    cmd += ["--env-manager", "local", "-p", str(port), "-h", "127.0.0.1"]
+    log = (log_dir / "serve.log").open("wb")
+    proc = subprocess.Popen(
+        cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+    )
+    try:
+        wait_http(f"http://127.0.0.1:{port}/ping", proc)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        stop(proc)
+
+
+def invocations(base_url: str, inputs: dict[str, np.ndarray]) -> np.ndarray:
+    """The first output a scoring server's ``/invocations`` answers for ``inputs``."""
+    import requests
+
+    answer = requests.post(
+        f"{base_url}/invocations",
+        json={"inputs": {k: v.tolist() for k, v in inputs.items()}},
+        timeout=60,
+    )
+    assert answer.status_code == 200, answer.text
+    got: Any = answer.json()["predictions"]
+    got = next(iter(got.values())) if isinstance(got, dict) else got
+    return np.asarray(got, dtype=np.float32)

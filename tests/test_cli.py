@@ -244,3 +244,18 @@ def test_trials_leaves_a_parameter_a_trial_did_not_sample_blank() -> None:
     rows = [line for line in console.export_text().splitlines() if "COMPLETE" in line]
     assert len(rows) == 2 and "0.9" in rows[0]
     assert "adam" in rows[1] and "nan" not in rows[1].lower()
+
+
+def test_the_exit_does_not_wait_forever_for_a_thread_pools_idle_workers() -> None:
+    # MLflow's artifact download leaves such a pool: `check models:/...` hung after its OK
+    code = (
+        "from concurrent.futures import ThreadPoolExecutor\n"
+        "from search.cli import _exit_now\n"
+        "pool = ThreadPoolExecutor(2)\n"  # held, as a module's pool is
+        "pool.submit(print, 'done').result()\n"
+        "_exit_now(3)\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120
+    )
+    assert (proc.returncode, proc.stdout) == (3, "done\n"), proc.stderr

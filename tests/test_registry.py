@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from search.handover.promote import verdict
 from search.handover.registry import RegistryError, Target, preflight, scrub
+from search.handover.registry_check import check_registered
 
 
 def tags(mean: float, std: float = 0.01, runs: int = 3, data: str = "d1") -> dict[str, str]:
@@ -36,3 +39,12 @@ def test_an_unreachable_registry_is_refused_with_its_password_masked() -> None:
         preflight(target)
     assert "s3cret" not in str(err.value) and "cannot use the MLflow registry" in str(err.value)
     assert "s3cret" not in scrub("failed http://bob:s3cret@127.0.0.1:9/api", target.uri)
+
+
+def test_checking_a_missing_sqlite_registry_is_one_line_and_creates_nothing(
+    tmp_path: Path,
+) -> None:
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    with pytest.raises(RegistryError, match=r"^--mlflow sqlite:///.*mlflow.db: no such file"):
+        check_registered("models:/m@champion", Target(uri=uri, model_name="-"))
+    assert not (tmp_path / "mlflow.db").exists()

@@ -49,6 +49,11 @@ def stored_spec(study: optuna.Study, storage: str) -> StudySpec:
         raise ExportError(
             f"study {study.study_name!r} has no spec (user attribute 'spec'); "
             "only studies made by 'python -m search run' can be exported"
+            + (
+                ""
+                if study.trials
+                else " (a run that failed before its first trial leaves such a study: run it again)"
+            )
         )
     return parse_spec({**data, "storage": storage}, f"study {study.study_name!r}: spec")
 

@@ -3,7 +3,8 @@
 ``model.onnx`` is logged with ``mlflow.onnx``; a TensorFlow bundle without ONNX with
 ``mlflow.tensorflow`` from its ``model.keras`` (Keras' zip format: JSON and weights, no
 pickle). The signature and the input example come from ``inputs.json``
-(:mod:`search.contract.inputs`); without it, from the ONNX graph.
+(:mod:`search.contract.inputs`); without it, or when it names other inputs than the graph
+takes, from the ONNX graph.
 """
 
 from __future__ import annotations
@@ -70,10 +71,9 @@ def log_model(folder: Path, declared: Declared | None) -> Any:
         import mlflow.onnx
         import onnx
 
-        if declared is not None and declared.model.endswith(".onnx"):
-            inputs, outputs = declared.inputs, declared.outputs
-        else:
-            inputs, outputs = onnx_tensors(onnx_file)
+        inputs, outputs = onnx_tensors(onnx_file)
+        if declared and declared.model.endswith(".onnx") and _same_names(declared.inputs, inputs):
+            inputs, outputs = declared.inputs, declared.outputs or outputs
         sig, ex = signature(inputs, outputs)
         return mlflow.onnx.log_model(
             onnx.load(str(onnx_file)), name=MODEL_NAME, signature=sig, input_example=ex
@@ -84,6 +84,12 @@ def log_model(folder: Path, declared: Declared | None) -> Any:
     raise SearchError(
         f"{folder}: no model.onnx or model.keras to register; the export hook must write one"
     )
+
+
+def _same_names(declared: Sequence[Tensor], graph: Sequence[Tensor]) -> bool:
+    """Whether ``inputs.json`` names the graph's inputs: otherwise its signature would make
+    the served model refuse every request, so the graph's own tensors give it."""
+    return sorted(t.name for t in declared) == sorted(t.name for t in graph)
 
 
 def _log_keras(path: Path, declared: Declared | None) -> Any:

@@ -26,9 +26,9 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
@@ -39,6 +39,9 @@ from search.handover.mlflow_model import log_model
 from search.handover.promote import promote, version_tags
 from search.record.storage import expand, redact, scrub
 from search.record.study import load_study
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
 
 CHALLENGER = "challenger"
 CHAMPION = "champion"
@@ -76,9 +79,12 @@ class Target:
 
 
 def quiet_client(uri: str) -> Any:
-    """An ``MlflowClient`` on ``uri`` that gives up on an unreachable server in seconds."""
+    """An ``MlflowClient`` on ``uri`` that gives up on an unreachable server in seconds and
+    prints no URL of its own (MLflow's "View run at" line shows the URI's password; the
+    lines of :func:`register_bundle` show it masked)."""
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "1")
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
+    os.environ["MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"] = "true"
     from mlflow import MlflowClient
 
     return MlflowClient(tracking_uri=uri, registry_uri=uri)
@@ -176,9 +182,40 @@ def _read(folder: Path) -> tuple[dict[str, Any], dict[str, Any]]:
     return metrics, config
 
 
+def register_bundles(folders: Sequence[Path], target: Target, log: Any = print) -> list[str]:
+    """Registers each bundle (:func:`register_bundle`) as a new version of one model; returns
+    their ``models:/name/N``.
+
+    Several bundles are the points of ``export --pareto``, best on the primary objective
+    first: each gets its version, tagged with its trial, but only the first takes the alias
+    (and is considered for ``champion``): an alias names one version, and moving it point
+    after point would leave it on the front's worst on the primary objective.
+    """
+    rest = replace(target, alias="", promote=False)
+    return [
+        register_bundle(folder, target if i == 0 else rest, log) for i, folder in enumerate(folders)
+    ]
+
+
 def register_bundle(folder: Path, target: Target, log: Any = print) -> str:
     """Logs, registers and (with ``target.promote``) promotes the bundle in ``folder``
-    (module docstring); returns ``models:/name/N``."""
+    (module docstring); returns ``models:/name/N``.
+
+    Raises:
+        RegistryError: One line, the URI's password masked, when MLflow fails.
+    """
+    from mlflow.exceptions import MlflowException
+
+    try:
+        return _register(folder, target, log)
+    except MlflowException as exc:
+        why = scrub(str(exc.message), target.uri)[:300]
+        raise RegistryError(
+            f"--mlflow {target.shown}: registering {folder} failed ({why})"
+        ) from None
+
+
+def _register(folder: Path, target: Target, log: Any) -> str:
     import mlflow
 
     metrics, config = _read(folder)
@@ -201,9 +238,14 @@ def register_bundle(folder: Path, target: Target, log: Any = print) -> str:
     version = mlflow.register_model(
         info.model_uri, target.model_name, tags=version_tags(metrics, tags, confirmed(metrics))
     )
-    client.set_registered_model_alias(target.model_name, target.alias, version.version)
+    if target.alias:
+        client.set_registered_model_alias(target.model_name, target.alias, version.version)
     uri = f"models:/{target.model_name}/{version.version}"
-    log(f"registered {uri} ({target.alias}) in {target.shown}, run {run.info.run_id}")
+    alias = f" ({target.alias})" if target.alias else ""
+    log(f"registered {uri}{alias} in {target.shown}, run {run.info.run_id}")
+    if target.shown.startswith(("http://", "https://")):
+        page = f"{target.shown.rstrip('/')}/#/models/{target.model_name}/versions/{version.version}"
+        log(f"see it at {page}")
     if target.promote:
         promote(client, target.model_name, version.version, log)
     _note_in_bundle(folder, metrics, uri, target, run.info.run_id)
@@ -218,17 +260,18 @@ def _note_in_bundle(
     """``registered_model`` in ``metrics.json`` and a Registry section in the card."""
     metrics["registered_model"] = {
         "uri": uri,
-        "alias": target.alias,
+        "alias": target.alias or None,
         "tracking_uri": target.shown,
         "run_id": run_id,
     }
     (folder / "metrics.json").write_text(json.dumps(metrics, indent=2, default=str) + "\n")
     card = folder / "MODEL_CARD.md"
     text = card.read_text() if card.exists() else ""
+    alias = f", alias `{target.alias}`" if target.alias else ""
     card.write_text(
         text.rstrip("\n")
-        + f"\n\n## Registry\n\nRegistered in MLflow ({target.shown}) as `{uri}`, alias "
-        f"`{target.alias}`, run `{run_id}`. Serve it with "
+        + f"\n\n## Registry\n\nRegistered in MLflow ({target.shown}) as `{uri}`{alias}, "
+        f"run `{run_id}`. Serve it with "
         f"`mlflow models serve -m {uri} --env-manager local -p 5001`.\n"
     )
 

@@ -43,6 +43,11 @@ def check_registered(model_uri: str, target: Target) -> list[str]:
     import mlflow
 
     real = target.real
+    if real.startswith("sqlite:///") and not Path(real.removeprefix("sqlite:///")).is_file():
+        raise RegistryError(  # MLflow would create an empty registry there, then not find it
+            f"--mlflow {target.shown}: no such file; export --mlflow writes it (a relative "
+            "path is read from the current folder)"
+        )
     client = quiet_client(real)
     mlflow.set_tracking_uri(real)
     mlflow.set_registry_uri(real)

@@ -41,6 +41,7 @@ def curve(config: Mapping[str, Any], data: Dataset, ctx: TrialContext) -> Iterat
         latency: Yield it as ``latency_ms`` each epoch (a cost objective).
         hold_file, hold_from: Trials numbered ``hold_from`` or more wait (up to 120 s) until
             the file ``hold_file`` exists before their first epoch (a test's gate).
+        onnx: The export hook also writes ``model.onnx`` (:func:`scaling_onnx`).
         trace_dir, wait_for, oom_below_share: see :func:`_traced` (placement tests).
     """
     if any(key in config for key in _TRACE_KEYS):
@@ -167,7 +168,8 @@ def curve_export(
     config: Mapping[str, Any], data: Dataset, ctx: TrialContext, out_dir: Path
 ) -> Metrics:
     """The export hook of :func:`curve` (``search.handover.export``): trains it, writes
-    ``model.json``."""
+    ``model.json``; with ``onnx: true`` in the config also :func:`scaling_onnx` as
+    ``model.onnx`` (a registry has a real model to log and serve)."""
     last: Metrics = {}
     for metrics in curve(config, data, ctx):
         last = dict(metrics)
@@ -175,7 +177,31 @@ def curve_export(
             ctx.history.append(dict(metrics))
     Path(out_dir).mkdir(parents=True, exist_ok=True)
     (Path(out_dir) / "model.json").write_text(json.dumps({"x": config.get("x"), **last}))
+    if config.get("onnx"):
+        scaling_onnx(Path(out_dir) / "model.onnx", float(config.get("x", 0.5)))
     return {**last, "export_val_accuracy": last.get("val_accuracy", 0.0)}
+
+
+def scaling_onnx(path: Path, factor: float) -> Path:
+    """An ONNX graph without any framework: input ``x`` (float32, ``[batch, 2]``), output
+    ``scores = x * [factor, 1 - factor]``."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    weights = numpy_helper.from_array(np.array([factor, 1.0 - factor], np.float32), "w")
+    graph = helper.make_graph(
+        [helper.make_node("Mul", ["x", "w"], ["scores"])],
+        "curve",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 2])],
+        [helper.make_tensor_value_info("scores", TensorProto.FLOAT, ["batch", 2])],
+        initializer=[weights],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8  # onnxruntime reads it
+    onnx.checker.check_model(model)
+    onnx.save(model, str(path))
+    return path
 
 
 HOSTILE_MODES = (

@@ -1,0 +1,177 @@
+"""``python -m search export --mlflow`` end to end against a real ``mlflow server``
+(tests/conftest.py): every point of ``--pareto`` registered, a tracking URI's password kept
+out of everything written, and a Keras winner registered and served by ``mlflow models
+serve``.
+
+The studies are built in their storage with the user attributes the runner writes (as in
+tests/test_pareto_export.py); ``export`` itself runs for real: confirmation runs on the
+session's Ray, the final model, the bundle, the registry.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import optuna
+import pytest
+import yaml
+from optuna.distributions import CategoricalDistribution, FloatDistribution
+from optuna.trial import TrialState, create_trial
+
+from search.record.study import open_study, record_spec
+from search.spec.schema import parse_spec
+from tests.conftest import REPO, base_spec, free_port, invocations, served
+from tests.test_cli import _cli
+from tests.test_pareto_export import POINTS, built_study
+
+pytest.importorskip("mlflow")
+
+# CLI runs join the session's Ray (tests/conftest.py)
+pytestmark = [pytest.mark.slow, pytest.mark.ray, pytest.mark.usefixtures("joins_session_ray")]
+
+SECRET = "s3cret-pw"
+
+
+def _versions(uri: str, name: str) -> list[Any]:
+    import mlflow
+
+    found = mlflow.MlflowClient(uri).search_model_versions(f"name='{name}'")
+    return sorted(found, key=lambda v: int(v.version))
+
+
+def test_pareto_registers_one_version_per_point_tagged_with_its_trial(
+    mlflow_server: str, tmp_path: Path
+) -> None:
+    spec, _ = built_study(tmp_path, POINTS, fixed={"onnx": True})  # front: trials 0, 1, 2
+    out = tmp_path / "front"
+    proc = _cli(
+        "export", "mo", "--storage", spec.storage, "--pareto", "--seeds", "1", "--out", str(out),
+        "--results", str(tmp_path / "r"), "--mlflow", mlflow_server, "--model-name", "mo-front",
+        timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    versions = _versions(mlflow_server, "mo-front")
+    assert len(versions) == 3
+    by_trial = {int(v.tags["search.source_trial"]): v for v in versions}
+    assert sorted(by_trial) == [0, 1, 2]
+    assert all(v.tags["search.study"] == "mo" for v in versions)
+    for trial, version in by_trial.items():
+        noted = json.loads((out / f"trial-{trial}" / "metrics.json").read_text())
+        assert noted["registered_model"]["uri"] == f"models:/mo-front/{version.version}"
+        assert noted["pareto"]["confirmed"]["latency_ms"]["mean"] == POINTS[trial][1]
+    import mlflow
+
+    client = mlflow.MlflowClient(mlflow_server)
+    # the alias names one version: the front's best on the primary objective (trial 0)
+    assert client.get_model_version_by_alias("mo-front", "challenger").version == (
+        by_trial[0].version
+    )
+
+
+def _written(folder: Path) -> str:
+    """Every file under ``folder``, as text (bytes that are no UTF-8 replaced)."""
+    return "".join(
+        p.read_bytes().decode("utf-8", "replace") for p in sorted(folder.rglob("*")) if p.is_file()
+    )
+
+
+def test_a_tracking_uri_password_is_written_nowhere(
+    mlflow_server: str, mlflow_root: Path, tmp_path: Path
+) -> None:
+    import mlflow
+
+    port = mlflow_server.rsplit(":", 1)[1]
+    uri = f"http://user:{SECRET}@127.0.0.1:{port}"  # the server has no auth: it ignores it
+    spec = parse_spec(base_spec(tmp_path, study="pw", fixed={"onnx": True}))
+    study = open_study(spec)
+    record_spec(study, spec)
+    study.add_trial(_curve_trial(0.8))
+    out = tmp_path / "bundle"
+    proc = _cli(
+        "export", "pw", "--storage", spec.storage, "--top-k", "1", "--seeds", "1",
+        "--out", str(out), "--results", str(tmp_path / "r"), "--mlflow", uri,
+        "--model-name", "pw-model", timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "user:***@127.0.0.1" in proc.stdout  # the registry is named, masked
+    assert SECRET not in proc.stdout + proc.stderr
+    assert SECRET not in _written(out)
+    (version,) = _versions(mlflow_server, "pw-model")
+    client = mlflow.MlflowClient(mlflow_server)
+    run = client.get_run(version.run_id)
+    shown = [run.data.tags, run.data.params, version.tags, version.source, version.description]
+    assert SECRET not in json.dumps(shown, default=str)
+    assert SECRET not in _written(mlflow_root)  # the server's database and every artifact
+
+    closed = f"http://user:{SECRET}@127.0.0.1:{free_port()}"  # nothing listens: refused
+    proc = _cli("export", "pw", "--storage", spec.storage, "--mlflow", closed, timeout=120)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+    assert proc.stderr.startswith("error: --mlflow http://user:***@127.0.0.1:")
+    assert SECRET not in proc.stdout + proc.stderr
+
+
+def _curve_trial(x: float) -> Any:
+    metrics = {"val_accuracy": 0.75 * x}
+    return create_trial(
+        state=TrialState.COMPLETE,
+        value=0.75 * x,
+        params={"x": x},
+        distributions={"x": FloatDistribution(0.0, 1.0)},
+        intermediate_values={1: x / 2, 2: 0.75 * x},
+        user_attrs={"epochs": 2, "seconds": 0.1, "device": "cpu", "metrics": metrics},
+    )
+
+
+def _keras_study(tmp_path: Path) -> str:
+    """The wine example's study (examples/keras_fit), one COMPLETE trial, 2 epochs."""
+    data = yaml.safe_load((REPO / "examples" / "keras_fit" / "space.yaml").read_text())
+    data |= {"storage": f"sqlite:///{tmp_path}/keras.db", "budget": {"trials": 1, "max_epochs": 2}}
+    spec = parse_spec(data)
+    study = open_study(spec)
+    record_spec(study, spec)
+    params = {"lr": 0.05, "units": 8}
+    study.add_trial(
+        create_trial(
+            state=TrialState.COMPLETE,
+            value=0.9,
+            params=params,
+            distributions={
+                "lr": FloatDistribution(1e-3, 1e-1, log=True),
+                "units": CategoricalDistribution([8, 16, 32]),
+            },
+            intermediate_values={1: 0.8, 2: 0.9},
+            user_attrs={"epochs": 2, "seconds": 1.0, "device": "cpu"},
+        )
+    )
+    return spec.storage
+
+
+@pytest.mark.tf
+def test_a_keras_winner_is_registered_and_served(mlflow_server: str, tmp_path: Path) -> None:
+    pytest.importorskip("tensorflow")
+    import onnxruntime as ort
+
+    storage = _keras_study(tmp_path)
+    out = tmp_path / "bundle"
+    proc = _cli(
+        "export", "wine-keras", "--storage", storage, "--top-k", "1", "--seeds", "1",
+        "--out", str(out), "--results", str(tmp_path / "r"), "--mlflow", mlflow_server,
+        "--model-name", "wine-keras", timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert {"model.keras", "model.onnx", "inputs.json"} <= {p.name for p in out.iterdir()}
+    noted = json.loads((out / "metrics.json").read_text())
+    assert noted["registered_model"]["uri"] == "models:/wine-keras/1"
+
+    session = ort.InferenceSession(str(out / "model.onnx"), providers=["CPUExecutionProvider"])
+    name = session.get_inputs()[0].name
+    with np.load(out / "validation.npz") as npz:
+        x = np.asarray(npz[name], dtype=np.float32)[:5]
+    expected = session.run(None, {name: x})[0]
+    with served("models:/wine-keras@challenger", mlflow_server, tmp_path) as url:
+        got = invocations(url, {name: x})
+    np.testing.assert_allclose(got, expected, atol=1e-5)
+    assert optuna.load_study(study_name="wine-keras-confirm", storage=storage).trials
