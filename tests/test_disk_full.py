@@ -1,21 +1,27 @@
-"""A full disk ends a command in one line naming it, exit 2: real errors from a real small
-filesystem (a tmpfs, mounted where the test may; skipped where it may not)."""
+"""A full disk ends a command in one line naming it, exit 2, and a run that meets one loses
+no budget: real errors from a real small filesystem (a tmpfs, mounted where the test may;
+skipped where it may not)."""
 
 from __future__ import annotations
 
 import errno
 import sqlite3
 import subprocess
+import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import optuna
 import pytest
+from optuna.trial import TrialState
 from typer.testing import CliRunner
 
 from search.cli import app, full_disk_is_one_line
 from search.errors import DiskFullError, disk_full
+from search.record.resume import INTERRUPTED
 from search.record.storage import full_disk_error, open_storage
+from tests.conftest import REPO, base_spec, write_spec
 
 FULL = "free space and run the same command again"
 
@@ -110,3 +116,56 @@ def test_the_study_writer_says_a_full_disk_once_with_its_cause(
             writer.close()
     lines = [r.getMessage() for r in caplog.records if r.name == "search.record.writer"]
     assert len(lines) == 1 and lines[0].endswith("failed: database or disk is full"), lines
+
+
+def _run(spec: Path, results: Path) -> list[str]:
+    return [sys.executable, "-m", "search", "run", str(spec), "--results", str(results)]
+
+
+def _wait_for_an_epoch(storage: str, driver: subprocess.Popen[str]) -> None:
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline and driver.poll() is None:
+        time.sleep(0.2)
+        try:
+            trials = optuna.load_study(study_name="t", storage=storage).trials
+        except KeyError:
+            continue
+        if any(t.state == TrialState.RUNNING and t.intermediate_values for t in trials):
+            return
+    pytest.fail("no trial ever ran")
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("joins_session_ray")
+def test_a_run_whose_results_fill_stops_in_one_line_and_its_cut_trials_are_replaced(
+    disk: Path, tmp_path: Path
+) -> None:
+    """``--results`` fills while the study's disk has room: the trials' checkpoints meet
+    ENOSPC. Not the configs' fault: no trial is FAIL by it, none is retried into the budget."""
+    data = base_spec(
+        tmp_path, budget={"trials": 3, "max_epochs": 4}, fixed={"sleep": 0.5},
+        faults={"checkpoint_every_s": 0}, asha={"enabled": False},
+    )  # fmt: skip
+    spec = write_spec(tmp_path / "s.yaml", data)
+    driver = subprocess.Popen(
+        _run(spec, disk), cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    _wait_for_an_epoch(data["storage"], driver)
+    _fill(disk)
+    out, err = driver.communicate(timeout=180)
+
+    assert driver.returncode == 2, out + err
+    assert err.strip().splitlines()[-1] == f"error: no space left on device for {disk}: {FULL}"
+    assert "Traceback" not in out + err and "Errno 28" not in out + err, out + err
+    trials = optuna.load_study(study_name="t", storage=data["storage"]).trials
+    assert not [t for t in trials if not t.state.is_finished()]
+    cut = [t for t in trials if t.user_attrs.get("fail_reason") == INTERRUPTED]
+    assert cut and all(t.state == TrialState.FAIL and not t.user_attrs["retries"] for t in cut)
+    assert not [t for t in trials if t.state == TrialState.FAIL and t not in cut]
+
+    (disk / "filler").unlink()  # space freed: the same command goes on
+    again = subprocess.run(_run(spec, disk), cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stdout + again.stderr
+    after = optuna.load_study(study_name="t", storage=data["storage"]).trials
+    done = [t for t in after if t.state == TrialState.COMPLETE]
+    assert len(done) == 3 and len(after) == 3 + len(cut)  # the budget, the cut ones replaced

@@ -27,6 +27,7 @@ from ray.tune.search import Searcher
 from search.record.fate import NUMBER, SEED, TrialRecord, error_summary
 from search.record.resume import FATE, fate_record
 from search.record.warm import START_FROM
+from search.run.faults import DiskFault
 from search.run.output import LOG_FILE
 from search.spec.space import sample
 
@@ -118,6 +119,8 @@ class OptunaBridge(Searcher):
         """Ray trial id -> (Optuna trial number, final state name), for callers and tests."""
         self.outcomes: dict[str, Outcome] = {}
         """Ray trial id -> what became of the trial."""
+        self.cut_by: str | None = None
+        """What cut the whole run (:meth:`cut`), once it did: no trial starts after."""
 
     @property
     def study(self) -> optuna.Study:
@@ -125,6 +128,8 @@ class OptunaBridge(Searcher):
         return self._study
 
     def suggest(self, trial_id: str) -> dict[str, Any] | None:
+        if self.cut_by is not None:
+            return Searcher.FINISHED  # type: ignore[return-value]
         trial = self._ask()
         params = sample(trial, self._space)
         trial.set_user_attr("ray_trial_id", trial_id)
@@ -206,6 +211,15 @@ class OptunaBridge(Searcher):
                 record.interrupted = cause
             self._finish(trial_id)
 
+    def cut(self, cause: str, trial_id: str | None = None) -> None:
+        """The world cut the run (``cause``, one of :data:`search.record.fate.WORLD`): every
+        trial still open is settled at once as cut by it, ``trial_id``'s too when its own
+        error was the world's (a full disk), and no new trial starts."""
+        self.cut_by = cause
+        if trial_id is not None:
+            self.mark_interrupted(trial_id, cause)
+        self.finalize(cause, cut=True)
+
     def _add(self, trial_id: str, result: Mapping[str, Any]) -> None:
         trial, record = self._live[trial_id]
         new = record.add(result)
@@ -267,16 +281,22 @@ def _told_values(record: TrialRecord, state: TrialState, value: float | None) ->
 
 class ErrorCallback(Callback):
     """Hands a failed trial's error, as one line, to the bridge, counts retries, and tells
-    it where each trial's output goes (``output.log`` in the trial's folder)."""
+    it where each trial's output goes (``output.log`` in the trial's folder). An error that
+    is a full disk goes to ``fault`` instead, at the first attempt (no retry would help):
+    the world's doing, not the trial's (:mod:`search.run.faults`)."""
 
-    def __init__(self, bridge: OptunaBridge) -> None:
+    def __init__(self, bridge: OptunaBridge, fault: DiskFault | None = None) -> None:
         self._bridge = bridge
+        self._fault = fault or DiskFault()
 
     def on_trial_error(
         self, iteration: int, trials: list[Trial], trial: Trial, **info: Any
     ) -> None:
+        error = _trial_error(trial)
+        if self._fault.met(error, trial.trial_id):
+            return
         self._bridge.record_error(
-            trial.trial_id, error_summary(_trial_error(trial)), getattr(trial, "error_file", None)
+            trial.trial_id, error_summary(error), getattr(trial, "error_file", None)
         )
 
     def on_trial_start(
@@ -288,7 +308,8 @@ class ErrorCallback(Callback):
     def on_trial_recover(
         self, iteration: int, trials: list[Trial], trial: Trial, **info: Any
     ) -> None:
-        self._bridge.record_retry(trial.trial_id)
+        if not self._fault.met(_trial_error(trial), trial.trial_id):
+            self._bridge.record_retry(trial.trial_id)
 
 
 def _trial_error(trial: Trial) -> BaseException | None:
