@@ -169,3 +169,76 @@ def test_a_run_whose_results_fill_stops_in_one_line_and_its_cut_trials_are_repla
     after = optuna.load_study(study_name="t", storage=data["storage"]).trials
     done = [t for t in after if t.state == TrialState.COMPLETE]
     assert len(done) == 3 and len(after) == 3 + len(cut)  # the budget, the cut ones replaced
+
+
+def test_the_world_cuts_a_trial_its_own_doing_fails_it_whatever_cuts_the_run_after() -> None:
+    """One rule (search/record/fate.py): a full disk's error is the world's, a NaN the
+    trial's own, and the user's own limits count."""
+    from search.record.fate import DISK_FULL, FAIL_REASON, TrialRecord
+
+    def record(epochs: int, **kw: object) -> TrialRecord:
+        rec = TrialRecord("acc", 3, **kw)  # type: ignore[arg-type]
+        for epoch in range(1, epochs + 1):
+            rec.add({"acc": 0.5, "training_iteration": epoch})
+        return rec
+
+    enospc = "OSError: [Errno 28] No space left on device"
+    assert record(1, interrupted=DISK_FULL, error=enospc, errored=True).fate() == (
+        TrialState.FAIL, None, INTERRUPTED,
+    )  # fmt: skip
+    assert record(0, interrupted=DISK_FULL).fate() == (TrialState.FAIL, None, INTERRUPTED)
+    nan = TrialRecord("acc", 3, interrupted=DISK_FULL)
+    nan.add({"acc": float("nan"), "training_iteration": 1, FAIL_REASON: "acc is nan"})
+    assert nan.fate() == (TrialState.FAIL, None, "acc is nan")
+    assert record(2, interrupted=DISK_FULL, pruned=True).fate()[0] == TrialState.PRUNED
+    assert record(3, interrupted=DISK_FULL).fate()[0] == TrialState.COMPLETE
+    assert record(2, interrupted="time limit").fate()[0] == TrialState.PRUNED
+    assert record(1, error="ValueError: bad", errored=True).fate()[2] == "ValueError: bad"
+
+
+def test_a_cut_run_settles_its_open_trials_as_interrupted_uncounted_and_starts_none() -> None:
+    from ray.tune.search import Searcher
+
+    from search.record.fate import DISK_FULL
+    from search.record.resume import counts
+    from search.run.bridge import OptunaBridge
+    from search.spec.space import Param
+
+    study = optuna.create_study(direction="maximize")
+    space = {"x": Param.model_validate({"uniform": [0.0, 1.0]})}
+    bridge = OptunaBridge(study, space, {}, metric="acc", mode="max", max_epochs=3)
+    for trial_id in ("full", "other", "raised"):
+        bridge.suggest(trial_id)
+        bridge.on_trial_result(trial_id, {"acc": 0.5, "training_iteration": 1})
+    bridge.on_trial_complete("raised", error=True)
+    bridge.record_error("raised", "ValueError: bad")  # its own doing, before the disk filled
+    bridge.on_trial_complete("full", error=True)  # its error, next, is the full disk
+    bridge.cut(DISK_FULL, "full")
+
+    assert bridge.suggest("later") == Searcher.FINISHED
+    reasons = {t.user_attrs["ray_trial_id"]: t.user_attrs["fail_reason"] for t in study.trials}
+    assert reasons == {"full": INTERRUPTED, "other": INTERRUPTED, "raised": "ValueError: bad"}
+    assert [counts(t) for t in study.trials] == [False, False, True]
+
+
+def test_a_full_disk_in_rays_sync_warning_stops_the_run_and_the_warning_is_not_shown(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    import logging
+
+    from search.run.faults import SYNC_LOGGERS, DiskFault
+
+    cut: list[str | None] = []
+    fault = DiskFault(cut.append)
+    logger = logging.getLogger(SYNC_LOGGERS[0])
+    with caplog.at_level("WARNING", logger=SYNC_LOGGERS[0]), fault.watching_ray_logs():
+        logger.warning("Last sync command failed: OSError: [Errno 28] Error writing bytes")
+        logger.warning("Last sync command failed: ConnectionError")
+    logger.warning("outside the run: [Errno 28]")
+    assert [r.getMessage() for r in caplog.records] == [
+        "Last sync command failed: ConnectionError",
+        "outside the run: [Errno 28]",
+    ]
+    assert cut == [None] and fault.verdict is not None
+    with pytest.raises(DiskFullError, match="for /results: free space"):
+        fault.raise_if_met(["/results"])
