@@ -68,21 +68,29 @@ def database_locked(exc: BaseException) -> bool:
     return any("database is locked" in str(e) for e in causes(exc))
 
 
+FULL_DISK_TEXTS = ("database or disk is full", "No space left on device", "[Errno 28]")
+"""What a full disk's error says when it comes as text: SQLite's, the C library's for
+``ENOSPC``, and Python's ``OSError`` for errno 28 (the error a trial's process raised
+reaches the driver inside Ray's wrapper, its type lost)."""
+
+
 def disk_full(exc: BaseException) -> str | None:
     """Whether ``exc`` (or an error behind it) is a full disk: ``None`` when not; else the
     file the error names, ``""`` when it names none (SQLite's ``database or disk is full``,
-    a ``write`` that met ``ENOSPC``).
+    a ``write`` that met ``ENOSPC``, a trial's error that says so).
 
     Example:
         >>> disk_full(OSError(errno.ENOSPC, "No space left on device", "/data/x.db"))
         '/data/x.db'
+        >>> disk_full(RuntimeError("OSError: [Errno 28] Error writing bytes to file"))
+        ''
         >>> disk_full(ValueError("bad")) is None
         True
     """
     for error in causes(exc):
         if isinstance(error, OSError) and error.errno == errno.ENOSPC:
             return str(error.filename or "")
-        if "database or disk is full" in str(error):
+        if any(text in str(error) for text in FULL_DISK_TEXTS):
             return ""
     return None
 

@@ -1,21 +1,27 @@
-"""A full disk ends a command in one line naming it, exit 2: real errors from a real small
-filesystem (a tmpfs, mounted where the test may; skipped where it may not)."""
+"""A full disk ends a command in one line naming it, exit 2, and a run that meets one loses
+no budget: real errors from a real small filesystem (a tmpfs, mounted where the test may;
+skipped where it may not)."""
 
 from __future__ import annotations
 
 import errno
 import sqlite3
 import subprocess
+import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import optuna
 import pytest
+from optuna.trial import TrialState
 from typer.testing import CliRunner
 
 from search.cli import app, full_disk_is_one_line
 from search.errors import DiskFullError, disk_full
+from search.record.resume import INTERRUPTED
 from search.record.storage import full_disk_error, open_storage
+from tests.conftest import REPO, base_spec, write_spec
 
 FULL = "free space and run the same command again"
 
@@ -110,3 +116,129 @@ def test_the_study_writer_says_a_full_disk_once_with_its_cause(
             writer.close()
     lines = [r.getMessage() for r in caplog.records if r.name == "search.record.writer"]
     assert len(lines) == 1 and lines[0].endswith("failed: database or disk is full"), lines
+
+
+def _run(spec: Path, results: Path) -> list[str]:
+    return [sys.executable, "-m", "search", "run", str(spec), "--results", str(results)]
+
+
+def _wait_for_an_epoch(storage: str, driver: subprocess.Popen[str]) -> None:
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline and driver.poll() is None:
+        time.sleep(0.2)
+        try:
+            trials = optuna.load_study(study_name="t", storage=storage).trials
+        except KeyError:
+            continue
+        if any(t.state == TrialState.RUNNING and t.intermediate_values for t in trials):
+            return
+    pytest.fail("no trial ever ran")
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("joins_session_ray")
+def test_a_run_whose_results_fill_stops_in_one_line_and_its_cut_trials_are_replaced(
+    disk: Path, tmp_path: Path
+) -> None:
+    """``--results`` fills while the study's disk has room: the trials' checkpoints meet
+    ENOSPC. Not the configs' fault: no trial is FAIL by it, none is retried into the budget."""
+    data = base_spec(
+        tmp_path, budget={"trials": 3, "max_epochs": 4}, fixed={"sleep": 0.5},
+        faults={"checkpoint_every_s": 0}, asha={"enabled": False},
+    )  # fmt: skip
+    spec = write_spec(tmp_path / "s.yaml", data)
+    driver = subprocess.Popen(
+        _run(spec, disk), cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    )
+    _wait_for_an_epoch(data["storage"], driver)
+    _fill(disk)
+    out, err = driver.communicate(timeout=180)
+
+    assert driver.returncode == 2, out + err
+    assert err.strip().splitlines()[-1] == f"error: no space left on device for {disk}: {FULL}"
+    assert "Traceback" not in out + err and "Errno 28" not in out + err, out + err
+    trials = optuna.load_study(study_name="t", storage=data["storage"]).trials
+    assert not [t for t in trials if not t.state.is_finished()]
+    cut = [t for t in trials if t.user_attrs.get("fail_reason") == INTERRUPTED]
+    assert cut and all(t.state == TrialState.FAIL and not t.user_attrs["retries"] for t in cut)
+    assert not [t for t in trials if t.state == TrialState.FAIL and t not in cut]
+
+    (disk / "filler").unlink()  # space freed: the same command goes on
+    again = subprocess.run(_run(spec, disk), cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0, again.stdout + again.stderr
+    after = optuna.load_study(study_name="t", storage=data["storage"]).trials
+    done = [t for t in after if t.state == TrialState.COMPLETE]
+    assert len(done) == 3 and len(after) == 3 + len(cut)  # the budget, the cut ones replaced
+
+
+def test_the_world_cuts_a_trial_its_own_doing_fails_it_whatever_cuts_the_run_after() -> None:
+    """One rule (search/record/fate.py): a full disk's error is the world's, a NaN the
+    trial's own, and the user's own limits count."""
+    from search.record.fate import DISK_FULL, FAIL_REASON, TrialRecord
+
+    def record(epochs: int, **kw: object) -> TrialRecord:
+        rec = TrialRecord("acc", 3, **kw)  # type: ignore[arg-type]
+        for epoch in range(1, epochs + 1):
+            rec.add({"acc": 0.5, "training_iteration": epoch})
+        return rec
+
+    enospc = "OSError: [Errno 28] No space left on device"
+    assert record(1, interrupted=DISK_FULL, error=enospc, errored=True).fate() == (
+        TrialState.FAIL, None, INTERRUPTED,
+    )  # fmt: skip
+    assert record(0, interrupted=DISK_FULL).fate() == (TrialState.FAIL, None, INTERRUPTED)
+    nan = TrialRecord("acc", 3, interrupted=DISK_FULL)
+    nan.add({"acc": float("nan"), "training_iteration": 1, FAIL_REASON: "acc is nan"})
+    assert nan.fate() == (TrialState.FAIL, None, "acc is nan")
+    assert record(2, interrupted=DISK_FULL, pruned=True).fate()[0] == TrialState.PRUNED
+    assert record(3, interrupted=DISK_FULL).fate()[0] == TrialState.COMPLETE
+    assert record(2, interrupted="time limit").fate()[0] == TrialState.PRUNED
+    assert record(1, error="ValueError: bad", errored=True).fate()[2] == "ValueError: bad"
+
+
+def test_a_cut_run_settles_its_open_trials_as_interrupted_uncounted_and_starts_none() -> None:
+    from ray.tune.search import Searcher
+
+    from search.record.fate import DISK_FULL
+    from search.record.resume import counts
+    from search.run.bridge import OptunaBridge
+    from search.spec.space import Param
+
+    study = optuna.create_study(direction="maximize")
+    space = {"x": Param.model_validate({"uniform": [0.0, 1.0]})}
+    bridge = OptunaBridge(study, space, {}, metric="acc", mode="max", max_epochs=3)
+    for trial_id in ("full", "other", "raised"):
+        bridge.suggest(trial_id)
+        bridge.on_trial_result(trial_id, {"acc": 0.5, "training_iteration": 1})
+    bridge.on_trial_complete("raised", error=True)
+    bridge.record_error("raised", "ValueError: bad")  # its own doing, before the disk filled
+    bridge.on_trial_complete("full", error=True)  # its error, next, is the full disk
+    bridge.cut(DISK_FULL, "full")
+
+    assert bridge.suggest("later") == Searcher.FINISHED
+    reasons = {t.user_attrs["ray_trial_id"]: t.user_attrs["fail_reason"] for t in study.trials}
+    assert reasons == {"full": INTERRUPTED, "other": INTERRUPTED, "raised": "ValueError: bad"}
+    assert [counts(t) for t in study.trials] == [False, False, True]
+
+
+def test_a_full_disk_in_rays_sync_warning_stops_the_run_and_the_warning_is_not_shown(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    import logging
+
+    from search.run.faults import SYNC_LOGGERS, DiskFault
+
+    cut: list[str | None] = []
+    fault = DiskFault(cut.append)
+    logger = logging.getLogger(SYNC_LOGGERS[0])
+    with caplog.at_level("WARNING", logger=SYNC_LOGGERS[0]), fault.watching_ray_logs():
+        logger.warning("Last sync command failed: OSError: [Errno 28] Error writing bytes")
+        logger.warning("Last sync command failed: ConnectionError")
+    logger.warning("outside the run: [Errno 28]")
+    assert [r.getMessage() for r in caplog.records] == [
+        "Last sync command failed: ConnectionError",
+        "outside the run: [Errno 28]",
+    ]
+    assert cut == [None] and fault.verdict is not None
+    with pytest.raises(DiskFullError, match="for /results: free space"):
+        fault.raise_if_met(["/results"])

@@ -1,4 +1,5 @@
-"""SIGTERM to the driver (Kubernetes, Slurm) ends a run as Ctrl-C does, and loses no budget."""
+"""SIGTERM to the driver (Kubernetes), or to its process group (Slurm), ends a run as Ctrl-C
+does, and loses no budget."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from search.run.signals import EXIT_STATUS
 from tests.conftest import REPO, base_spec, write_spec
 
 
-def _driver(spec: Path) -> subprocess.Popen[str]:
+def _driver(spec: Path, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
     command = [
         sys.executable,
         "-m",
@@ -30,7 +31,7 @@ def _driver(spec: Path) -> subprocess.Popen[str]:
     ]
     return subprocess.Popen(
         command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        start_new_session=True,
+        start_new_session=True, env=env,
     )  # fmt: skip
 
 
@@ -45,6 +46,23 @@ def _wait_for_a_running_trial(storage: str, driver: subprocess.Popen[str]) -> No
         if any(t.state == TrialState.RUNNING and t.intermediate_values for t in trials):
             return
     pytest.fail("no trial ever ran")
+
+
+def _assert_replaced_next_run(spec: Path, storage: str, env: dict[str, str] | None = None) -> None:
+    """Every trial settled, the cut ones FAIL ``interrupted``; the same command again runs the
+    budget's trials, the cut ones replaced."""
+    trials = optuna.load_study(study_name="t", storage=storage).trials
+    assert not [t for t in trials if not t.state.is_finished()]
+    cut = [t for t in trials if t.user_attrs.get("fail_reason") == INTERRUPTED]
+    assert cut and all(t.state == TrialState.FAIL for t in cut)
+    again = subprocess.run(
+        [sys.executable, "-m", "search", "run", str(spec), "--results", str(spec.parent / "r")],
+        cwd=REPO, capture_output=True, text=True, timeout=300, env=env,
+    )  # fmt: skip
+    assert again.returncode == 0, again.stdout + again.stderr
+    after = optuna.load_study(study_name="t", storage=storage).trials
+    done = [t for t in after if t.state == TrialState.COMPLETE]
+    assert len(done) == 2 and len(after) == 2 + len(cut)  # the budget, the cut ones replaced
 
 
 @pytest.mark.slow
@@ -65,19 +83,54 @@ def test_sigterm_ends_the_run_like_ctrl_c_and_the_next_run_replaces_its_cut_tria
     assert driver.returncode == EXIT_STATUS, out
     assert out.count("trials this run") == 1, out  # the summary, once
     assert "SIGTERM received" not in out  # Ray's stack dump of the signal
-    trials = optuna.load_study(study_name="t", storage=data["storage"]).trials
-    assert not [t for t in trials if not t.state.is_finished()]
-    cut = [t for t in trials if t.user_attrs.get("fail_reason") == INTERRUPTED]
-    assert cut and all(t.state == TrialState.FAIL for t in cut)
+    _assert_replaced_next_run(spec, data["storage"])
 
-    again = subprocess.run(
-        [sys.executable, "-m", "search", "run", str(spec), "--results", str(tmp_path / "r")],
-        cwd=REPO, capture_output=True, text=True, timeout=300,
+
+@pytest.mark.slow
+def test_sigterm_to_the_process_group_with_its_own_ray_ends_the_run_as_to_the_driver(
+    tmp_path: Path, session_ray_address: str
+) -> None:
+    """Slurm's ``killpg``: the run's own Ray is out of the group, so Tune stops and the run
+    records and exits as with SIGTERM to the driver alone (without it: exit 1 after 60 s)."""
+    data = base_spec(
+        tmp_path, budget={"trials": 2, "max_epochs": 2}, fixed={"sleep": 1.0},
+        asha={"enabled": False},
     )  # fmt: skip
-    assert again.returncode == 0, again.stdout + again.stderr
-    after = optuna.load_study(study_name="t", storage=data["storage"]).trials
-    done = [t for t in after if t.state == TrialState.COMPLETE]
-    assert len(done) == 2 and len(after) == 2 + len(cut)  # the budget, the cut ones replaced
+    spec = write_spec(tmp_path / "s.yaml", data)
+    own = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    driver = _driver(spec, {**own, "SEARCH_NUM_CPUS": "2"})  # a Ray of its own
+    _wait_for_a_running_trial(data["storage"], driver)
+    os.killpg(driver.pid, signal.SIGTERM)
+    out, _ = driver.communicate(timeout=120)
+
+    assert driver.returncode == EXIT_STATUS, out
+    assert out.count("trials this run") == 1, out
+    _assert_replaced_next_run(spec, data["storage"], {**own, "RAY_ADDRESS": session_ray_address})
+
+
+def test_processes_started_in_own_process_group_leave_the_callers_and_others_stay() -> None:
+    import threading
+
+    from search.run.cluster import own_process_group
+
+    def group_of_child() -> int:
+        # a preexec_fn, as Ray's own processes have: Python runs its fork hooks in the child
+        child = subprocess.Popen(["sleep", "5"], preexec_fn=lambda: None)  # noqa: PLW1509
+        try:
+            return os.getpgid(child.pid)
+        finally:
+            child.kill()
+            child.wait()
+
+    other: list[int] = []
+    with own_process_group():
+        inside = group_of_child()
+        thread = threading.Thread(target=lambda: other.append(group_of_child()))
+        thread.start()
+        thread.join()
+    after = group_of_child()
+    assert inside != os.getpgrp()
+    assert other == [os.getpgrp()] and after == os.getpgrp()
 
 
 def test_a_trial_sigterm_cut_is_replaced_and_one_that_finished_or_was_pruned_keeps_its_fate() -> (

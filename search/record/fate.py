@@ -2,15 +2,28 @@
 
 Pure code, no Ray and no storage: the bridge feeds Ray's results in, and reads the fate out.
 
+Whose doing it was, the one rule: a trial fails by its own doing when its config or code
+made it fail: it raised, its metric or loss turned NaN or infinite, its objective was missing
+or not a number, it yielded no epoch. It was cut by the world when something outside its
+config stopped it before its last epoch: a full disk (:data:`DISK_FULL`), SIGTERM to the
+driver (:data:`TERMINATED`), or its driver died (found and settled by the next run,
+:func:`search.record.resume.recover`). Its own doing is ``FAIL`` with the reason, counted
+against ``budget.trials``; the world's is ``FAIL`` with
+:data:`search.record.resume.INTERRUPTED`, never counted
+(:func:`search.record.resume.counts`), and the next run replaces it. A trial that already
+failed by its own doing, or that its scheduler pruned, keeps that fate when the world then
+cuts the run (:data:`WORLD`, :meth:`TrialRecord.cut_by_world`).
+
 The rules:
     * a non-finite metric or loss, or a trial that raised -> ``FAIL`` with the reason;
     * stopped by the driver as hung (silent past ``faults.stall_s``) -> ``FAIL`` with
       ``stalled: ...``, whatever else stopped it after;
     * stopped by the scheduler before the epoch budget -> ``PRUNED``;
-    * stopped from outside (``budget.time_limit_s``, Ctrl-C) after some epochs -> ``PRUNED``
-      with ``stopped_by``, before its first epoch -> ``FAIL``;
-    * stopped by SIGTERM to the driver (:data:`TERMINATED`) before the epoch budget ->
-      ``FAIL`` with :data:`search.record.resume.INTERRUPTED`: replaced by the next run;
+    * stopped from outside by the user's own limits (``budget.time_limit_s``, a device
+      budget, Ctrl-C) after some epochs -> ``PRUNED`` with ``stopped_by``, before its first
+      epoch -> ``FAIL``;
+    * cut by the world before the epoch budget -> ``FAIL`` with
+      :data:`search.record.resume.INTERRUPTED`: replaced by the next run;
     * trained to the end, or stopped by its own early-stopping rule -> ``COMPLETE`` with the
       metric of its last epoch (every objective's, in a multi-objective study, each of them
       there and finite, or ``FAIL``);
@@ -60,6 +73,13 @@ SEED = RESERVED_PREFIX + "seed"
 NUMBER = RESERVED_PREFIX + "trial_number"
 TERMINATED = "SIGTERM"
 """The ``interrupted`` cause of trials cut by SIGTERM to the driver (search/run/signals.py)."""
+DISK_FULL = "disk full"
+"""The ``interrupted`` cause of trials cut because a disk the run writes to is full (a
+trial's own checkpoint or output, or Tune's experiment state; search/run/faults.py)."""
+WORLD = frozenset({TERMINATED, DISK_FULL})
+"""The ``interrupted`` causes that are the world's doing, not the config's (module
+docstring): a trial they cut is replaced. The user's own limits (a time limit, a device
+budget, Ctrl-C) are not among them: stopping is then the user's choice, and counts."""
 
 
 @dataclass
@@ -77,8 +97,8 @@ class TrialRecord:
     errored: bool = False
     retries: int = 0
     interrupted: str | None = None
-    """What cut the trial short from outside: ``"time limit"``, ``"interrupt"`` or
-    :data:`TERMINATED`."""
+    """What cut the trial short from outside: ``"time limit"``, ``"interrupt"``, ``"budget"``
+    or one of :data:`WORLD`."""
     traceback: str | None = None
     """Where the full traceback of its error is (a file on the node that ran it)."""
     log: str | None = None
@@ -144,11 +164,12 @@ class TrialRecord:
 
     def fate(self) -> tuple[TrialState, float | None, str | None]:
         """The trial's final ``(state, value, fail reason)``."""
-        reason = self.stalled or self.last.get(FAIL_REASON) or self.error
+        own = self.stalled or self.last.get(FAIL_REASON)  # hung, a NaN, a bad metric, its code
+        if own is None and self.cut_by_world():  # the world's error (a full disk) is not its
+            return TrialState.FAIL, None, INTERRUPTED
+        reason = own or self.error
         if reason is None and self.errored:
             reason = "the trial raised an error"
-        if reason is None and self._terminated():
-            return TrialState.FAIL, None, INTERRUPTED
         if reason is None and not self.curve:
             reason = (
                 f"ended before its first epoch ({self.interrupted})"
@@ -171,9 +192,18 @@ class TrialRecord:
             return TrialState.PRUNED, value, None
         return TrialState.COMPLETE, value, None
 
-    def _terminated(self) -> bool:
-        """Whether SIGTERM cut the trial before its epoch budget and its scheduler's verdict."""
-        return self.interrupted == TERMINATED and not self.pruned and self.epochs < self.max_epochs
+    def cut_by_world(self) -> bool:
+        """Whether the world (:data:`WORLD`) cut the trial, before its epoch budget and its
+        scheduler's verdict: then it is interrupted and replaced (module docstring).
+
+        Example:
+            >>> record = TrialRecord("acc", 3, interrupted=DISK_FULL)
+            >>> record.add({"acc": 0.5, "training_iteration": 1})
+            (1, 0.5)
+            >>> record.cut_by_world(), record.fate()[0].name
+            (True, 'FAIL')
+        """
+        return self.interrupted in WORLD and not self.pruned and self.epochs < self.max_epochs
 
     def user_attrs(self) -> dict[str, Any]:
         """What the study records about the trial beside its values."""

@@ -7,7 +7,8 @@ RUNNING or WAITING was left by a dead one:
 * a trial whose fate was already decided (the bridge writes it in one write, :data:`FATE`,
   before the attributes and the state) gets that fate, as if its driver had lived;
 * any other is recorded as FAIL with the reason :data:`INTERRUPTED` and replaced (it does not
-  count against the budget);
+  count against the budget, :func:`counts`; a dead driver is the world's doing, as
+  :mod:`search.record.fate` says);
 * COMPLETE, PRUNED and genuinely failed trials count, so the new run only adds what is left
   (trials a warm start imported were not run here, and do not);
 * ASHA's rungs are refilled from the earlier trials' intermediate values
@@ -31,6 +32,26 @@ IMPORTED = "imported_from"
 INTERRUPTED = "interrupted: its driver stopped before the trial ended; replaced by a new trial"
 FATE = "search:fate"
 """Trial system attribute: ``{"state", "values", "attrs"}``, the fate decided for it."""
+
+
+def counts(trial: optuna.trial.FrozenTrial) -> bool:
+    """Whether a finished trial counts against the budget: not one the world cut (FAIL with
+    :data:`INTERRUPTED`, replaced; :mod:`search.record.fate` states the rule), nor one a warm
+    start imported (not run here).
+
+    Example:
+        >>> from optuna.trial import create_trial
+        >>> cut = create_trial(state=TrialState.FAIL, user_attrs={"fail_reason": INTERRUPTED})
+        >>> counts(cut), counts(create_trial(value=0.5))
+        (False, True)
+    """
+    return trial.state.is_finished() and not interrupted(trial) and IMPORTED not in trial.user_attrs
+
+
+def interrupted(trial: optuna.trial.FrozenTrial) -> bool:
+    """Whether the world cut ``trial`` (FAIL with :data:`INTERRUPTED`): the next run replaces
+    it, a grid point or a ``start_from`` config included."""
+    return trial.user_attrs.get("fail_reason") == INTERRUPTED
 
 
 def fate_record(
@@ -80,13 +101,7 @@ def recover(study: optuna.Study) -> Recovery:
         storage.set_trial_user_attr(trial._trial_id, "fail_reason", INTERRUPTED)
         storage.set_trial_state_values(trial._trial_id, TrialState.FAIL)
         interrupted.append(trial.number)
-    counted = sum(
-        1
-        for t in study.get_trials(deepcopy=False)
-        if t.state.is_finished()
-        and t.user_attrs.get("fail_reason") != INTERRUPTED
-        and IMPORTED not in t.user_attrs
-    )
+    counted = sum(counts(t) for t in study.get_trials(deepcopy=False))
     return Recovery(tuple(interrupted), counted, tuple(completed))
 
 

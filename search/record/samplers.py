@@ -13,7 +13,7 @@ import optuna
 from optuna.trial import TrialState
 
 from search.record.history import BoundedTPESampler
-from search.record.resume import INTERRUPTED
+from search.record.resume import interrupted
 from search.spec.pinned import PINNED
 from search.spec.space import grid
 
@@ -42,7 +42,7 @@ class _Grid(optuna.samplers.GridSampler):
                 t.system_attrs["search_space"]
             ):
                 continue
-            if t.state.is_finished() and t.user_attrs.get("fail_reason") != INTERRUPTED:
+            if t.state.is_finished() and not interrupted(t):
                 visited.add(t.system_attrs["grid_id"])
             elif t.state == TrialState.RUNNING:
                 running.add(t.system_attrs["grid_id"])

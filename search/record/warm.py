@@ -24,7 +24,7 @@ from optuna.distributions import check_distribution_compatibility
 from optuna.trial import FixedTrial, FrozenTrial, TrialState, create_trial
 
 from search.errors import SearchError
-from search.record.resume import IMPORTED, INTERRUPTED
+from search.record.resume import IMPORTED, interrupted
 from search.record.storage import open_storage, redact
 from search.record.study import directions
 from search.spec.space import sample
@@ -46,11 +46,11 @@ class WarmStartError(SearchError):
 
 def pending_start(study: optuna.Study, spec: StudySpec) -> list[tuple[int, dict[str, Any]]]:
     """The ``sampler.start_from`` configs no trial of the study has run yet, with their index
-    (a trial its dead driver interrupted does not count as run)."""
+    (a trial the world cut does not count as run)."""
     done = {
         t.user_attrs[START_FROM]
         for t in study.get_trials(deepcopy=False)
-        if START_FROM in t.user_attrs and t.user_attrs.get("fail_reason") != INTERRUPTED
+        if START_FROM in t.user_attrs and not interrupted(t)
     }
     return [(i, dict(c)) for i, c in enumerate(spec.sampler.start_from) if i not in done]
 

@@ -28,6 +28,7 @@ from search.record.fate import NUMBER, SEED, TrialRecord, error_summary
 from search.record.resume import FATE, fate_record
 from search.record.warm import START_FROM
 from search.run.death import Deaths
+from search.run.faults import DiskFault
 from search.run.output import LOG_FILE
 from search.spec.space import sample
 
@@ -128,6 +129,8 @@ class OptunaBridge(Searcher):
         """Ray trial id -> (Optuna trial number, final state name), for callers and tests."""
         self.outcomes: dict[str, Outcome] = {}
         """Ray trial id -> what became of the trial."""
+        self.cut_by: str | None = None
+        """What cut the whole run (:meth:`cut`), once it did: no trial starts after."""
 
     @property
     def study(self) -> optuna.Study:
@@ -135,6 +138,8 @@ class OptunaBridge(Searcher):
         return self._study
 
     def suggest(self, trial_id: str) -> dict[str, Any] | None:
+        if self.cut_by is not None:
+            return Searcher.FINISHED  # type: ignore[return-value]
         trial = self._ask()
         params = sample(trial, self._space)
         trial.set_user_attr("ray_trial_id", trial_id)
@@ -223,6 +228,15 @@ class OptunaBridge(Searcher):
                 record.interrupted = cause
             self._finish(trial_id)
 
+    def cut(self, cause: str, trial_id: str | None = None) -> None:
+        """The world cut the run (``cause``, one of :data:`search.record.fate.WORLD`): every
+        trial still open is settled at once as cut by it, ``trial_id``'s too when its own
+        error was the world's (a full disk), and no new trial starts."""
+        self.cut_by = cause
+        if trial_id is not None:
+            self.mark_interrupted(trial_id, cause)
+        self.finalize(cause, cut=True)
+
     def _add(self, trial_id: str, result: Mapping[str, Any]) -> None:
         trial, record = self._live[trial_id]
         new = record.add(result)
@@ -289,11 +303,14 @@ def _told_values(record: TrialRecord, state: TrialState, value: float | None) ->
 class ErrorCallback(Callback):
     """Hands a failed trial's error, as one line, to the bridge, counts retries, and tells
     it where each trial's output goes (``output.log`` in the trial's folder). A trial whose
-    process died fails with what ended it, read from that log (:mod:`search.run.death`)."""
+    process died fails with what ended it, read from that log (:mod:`search.run.death`). An
+    error that is a full disk goes to ``fault`` instead, at the first attempt (no retry would
+    help): the world's doing, not the trial's (:mod:`search.run.faults`)."""
 
-    def __init__(self, bridge: OptunaBridge) -> None:
+    def __init__(self, bridge: OptunaBridge, fault: DiskFault | None = None) -> None:
         self._bridge = bridge
         self._deaths = Deaths()
+        self._fault = fault or DiskFault()
 
     def on_trial_result(
         self, iteration: int, trials: list[Trial], trial: Trial, result: dict, **info: Any
@@ -304,6 +321,8 @@ class ErrorCallback(Callback):
         self, iteration: int, trials: list[Trial], trial: Trial, **info: Any
     ) -> None:
         error = _trial_error(trial)
+        if self._fault.met(error, trial.trial_id):
+            return
         death = self._deaths.reason(trial, error, _log(trial))
         traceback = None if death else getattr(trial, "error_file", None)  # Ray's: no stack
         self._bridge.record_error(trial.trial_id, death or error_summary(error), traceback)
@@ -318,7 +337,10 @@ class ErrorCallback(Callback):
     def on_trial_recover(
         self, iteration: int, trials: list[Trial], trial: Trial, **info: Any
     ) -> None:
-        if self._deaths.reason(trial, _trial_error(trial), _log(trial)):
+        error = _trial_error(trial)
+        if self._fault.met(error, trial.trial_id):
+            return
+        if self._deaths.reason(trial, error, _log(trial)):
             self._deaths.hold(trial)
         self._bridge.record_retry(trial.trial_id)
 

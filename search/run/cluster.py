@@ -1,6 +1,14 @@
 """The Ray a run uses: a local one it starts, or a cluster it joins (with its token).
 
 Every command that runs trials or tasks (``run``, ``export``) calls :func:`init_ray` once.
+
+A local Ray's processes (GCS, raylet and, through the raylet, the trials' workers) start in a
+process group of their own (:func:`own_process_group`). SIGTERM to the driver's process group
+(``kill -TERM -PGID``, a batch system's ``killpg``) then reaches the driver alone, which stops
+Tune and records while its Ray still answers (:mod:`search.run.signals`); in the driver's
+group, Ray's processes died first, and Tune's clean-up waited 60 s for the gone GCS and ended
+the process with status 1, no summary. They still die with the driver: Ray binds them to it
+(``PR_SET_PDEATHSIG``), and the driver stops them when it ends.
 """
 
 from __future__ import annotations
@@ -9,6 +17,8 @@ import contextlib
 import logging
 import os
 import sys
+import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 # Tune's per-trial CSV/JSON/TensorBoard loggers cost time on every result and duplicate what
@@ -41,6 +51,41 @@ def _quiet_token_enabled(record: logging.LogRecord) -> bool:
     return "Token authentication is enabled" not in record.getMessage()
 
 
+_SPAWNER: list[int] = []
+"""The thread whose child processes start in a process group of their own (while it is
+inside :func:`own_process_group`); empty otherwise."""
+_REGISTERED: list[bool] = []
+"""Whether :func:`_leave_group` is registered as a fork hook (once a process)."""
+
+
+def _leave_group() -> None:
+    """In a child just forked: a process group of its own, if :data:`_SPAWNER` forked it."""
+    if _SPAWNER and threading.get_ident() == _SPAWNER[-1]:
+        with contextlib.suppress(OSError):
+            os.setpgrp()
+
+
+@contextlib.contextmanager
+def own_process_group() -> Iterator[None]:
+    """Puts the processes this thread starts inside the block each in a process group of its
+    own (their children join theirs); other threads' children stay in the caller's.
+
+    Python runs fork hooks in a child that :mod:`subprocess` starts with a ``preexec_fn``,
+    as Ray starts its processes (it blocks SIGINT there). POSIX only; elsewhere a no-op.
+    """
+    if not hasattr(os, "register_at_fork"):
+        yield
+        return
+    if not _REGISTERED:
+        os.register_at_fork(after_in_child=_leave_group)
+        _REGISTERED.append(True)
+    _SPAWNER.append(threading.get_ident())
+    try:
+        yield
+    finally:
+        _SPAWNER.pop()
+
+
 def init_ray(address: str | None, num_cpus: int | None = None, num_gpus: int | None = None) -> bool:
     """Starts a local Ray (or joins ``address``) unless this process already has one; returns
     whether it started a local Ray now (its processes: :func:`local_ray_processes`).
@@ -61,6 +106,15 @@ def init_ray(address: str | None, num_cpus: int | None = None, num_gpus: int | N
     use_cluster_token(address)  # Ray 2.60 clusters want RAY_AUTH_MODE=token from drivers
     if address is None:  # a local Ray that turned token auth on says so: news to nobody
         logging.getLogger(_AUTH_LOGGER).addFilter(_quiet_token_enabled)
+    with own_process_group() if address is None else contextlib.nullcontext():
+        _start(address, num_cpus, num_gpus)
+    return address in (None, "local")
+
+
+def _start(address: str | None, num_cpus: int | None, num_gpus: int | None) -> None:
+    """``ray.init`` with this project's settings (:func:`init_ray`)."""
+    import ray
+
     ray.init(
         # "local": a fresh Ray of this run's own, even when `ray start` left one on this
         # machine (a cluster is joined only when the spec or --address names it).
@@ -76,7 +130,6 @@ def init_ray(address: str | None, num_cpus: int | None = None, num_gpus: int | N
         # while the first trials start, on a 64-CPU node 64 processes that do nothing.
         _system_config=None if address else NO_PRESTART,
     )
-    return address in (None, "local")
 
 
 def local_ray_processes() -> list[int]:

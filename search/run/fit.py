@@ -26,7 +26,7 @@ from search.compute.gpu_memory import measure
 from search.compute.job import trial_job
 from search.compute.placement import Placement, resolve
 from search.contract import declarations
-from search.record.fate import TERMINATED
+from search.record.fate import DISK_FULL, TERMINATED
 from search.record.queries import EPOCHS_FILE, append_epochs, objective_curves, read_epochs
 from search.record.resume import earlier_curves
 from search.record.warm import pending_start
@@ -34,6 +34,7 @@ from search.record.writeback import WriteBehindStorage
 from search.run.bridge import ErrorCallback, OptunaBridge, Outcome
 from search.run.budget import BUDGET_CAUSE, DeviceBudget, budget_for, spent_before
 from search.run.cluster import init_ray
+from search.run.faults import DiskFault
 from search.run.moasha import MultiObjectiveASHA
 from search.run.oom import OOM_RETRIES, OomRetry
 from search.run.output import attach_output
@@ -46,6 +47,8 @@ from search.run.worker import run_trial
 from search.spec.derive import asha_milestones
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     import optuna
     from ray.tune import Callback, Stopper
 
@@ -83,6 +86,7 @@ def fit(
         print(placement.note, file=sys.stderr)
     watch = FailFast(min(FIRST, budget))
     unread = UnreadKeys(spec.space, spec.trainable, options.source)
+    fault = DiskFault()
     table = options.results_dir / spec.study / EPOCHS_FILE
 
     def attach(done: Outcome) -> None:
@@ -103,37 +107,61 @@ def fit(
         listeners=[
             watch,
             unread,
-            lambda done: append_epochs(table, done.number, done.metrics),
+            _epochs_table(table, fault),
             attach,
             *listeners,
         ],
         start=pending_start(study, spec),
     )
+    fault.on_fault = lambda trial_id: bridge.cut(DISK_FULL, trial_id)
 
     def verdict() -> str | None:
         return watch.verdict or unread.verdict
 
-    stopper = RunStopper(spec.budget.time_limit_s, bridge.mark_interrupted, verdict)
+    stopper = RunStopper(
+        spec.budget.time_limit_s, bridge.mark_interrupted, lambda: verdict() or fault.verdict
+    )
     meter = _device_budget(spec, placement, bridge)
     termination = termination or Termination()
-    termination.on_signal = lambda: bridge.finalize(TERMINATED, cut=True)
-    tuner = _tuner(spec, options, bridge, placement, data, CombinedStopper(stopper, meter), budget)
+    termination.on_signal = lambda: bridge.cut(TERMINATED)
+    tuner = _tuner(
+        spec, options, bridge, placement, data, CombinedStopper(stopper, meter), budget, fault
+    )
     try:
-        with termination.watch():  # SIGTERM: as Ctrl-C, its cut trials replaced next run
+        # SIGTERM: as Ctrl-C; a full disk: the run stops. Their cut trials replaced next run.
+        with termination.watch(), fault.watching_ray_logs():
             tuner.fit()
     except KeyboardInterrupt:
         if not termination.received:
+            raise
+    except Exception as exc:  # Tune's own write (its experiment state) met a full disk
+        if not fault.met(exc):
             raise
     finally:
         try:
             cause = "time limit" if stopper.expired else "interrupt"
             cause = BUDGET_CAUSE if meter.exhausted else cause
-            cause = TERMINATED if termination.received else cause
+            cause = bridge.cut_by or cause
             bridge.finalize("run stopped early" if verdict() else cause)
         finally:
             storage.close()
+    fault.raise_if_met([str(options.results_dir), spec.storage])
     hours = (meter.spent_hours, meter.hours, meter.unit) if meter.hours else None
     return dict(bridge.finished.values()), verdict(), hours
+
+
+def _epochs_table(table: Path, fault: DiskFault) -> Callable[[Outcome], None]:
+    """The listener that appends a finished trial's epochs to ``epochs.csv``; a full disk
+    there goes to ``fault`` (the run stops), not into Tune's loop."""
+
+    def append(done: Outcome) -> None:
+        try:
+            append_epochs(table, done.number, done.metrics)
+        except OSError as exc:
+            if not fault.met(exc):
+                raise
+
+    return append
 
 
 def _device_budget(spec: StudySpec, placement: Placement, bridge: OptunaBridge) -> DeviceBudget:
@@ -164,6 +192,7 @@ def _tuner(
     data: SharedData,
     stopper: Stopper,
     budget: int,
+    fault: DiskFault,
 ) -> Any:
     """The Tune ``Tuner``: the trainable with its resources, ASHA (rungs refilled on a resume),
     the bridge as searcher, retries, and our callbacks."""
@@ -196,7 +225,7 @@ def _tuner(
             name=spec.study,
             storage_path=str((options.results_dir / "ray").resolve()),
             callbacks=[
-                ErrorCallback(bridge),
+                ErrorCallback(bridge, fault),
                 StallWatch(spec.faults.stall_s, bridge.mark_stalled),
                 *([OomRetry()] if packed else []),
                 *_progress(spec, bridge, options),
