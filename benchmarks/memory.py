@@ -1,12 +1,15 @@
 """The driver's memory with a large loader: how many copies of the data ``run`` keeps.
 
-Runs ``python -m search run`` cold, twice, as a user does: once with a loader that returns
-``--mb`` MB of arrays, once with 1 MB (the baseline: Ray, Optuna and the trainable's imports).
-It samples the driver's RSS and PSS (``/proc/PID/smaps_rollup``; PSS counts a page shared with
-Ray's object store by its share) every 0.1 s and prints, side by side, the peaks and what the
+Runs ``python -m search run`` of 2 trials cold, twice, as a user does: once with a loader
+that returns ``--mb`` MB of arrays, once with 1 MB (the baseline: Ray, Optuna and the
+trainable's imports). Every 0.1 s it samples the driver's RSS and PSS
+(``/proc/PID/smaps_rollup``; PSS counts a page shared with Ray's object store by its share)
+and the PSS of all the driver's processes (Ray's and the trials' workers too: PSS adds up
+where RSS counts a shared page in each process). It prints, side by side, the peaks, what the
 driver holds while trials run (the median of the run's second half), and the extra over the
-baseline in copies of the data. The peak's floor is one copy: the loader builds the arrays in
-the driver before they reach the object store; while trials run, the floor is none.
+baseline in copies of the data. The driver's peak floor is one copy (the loader builds the
+arrays in the driver before they reach the object store); while trials run, it is none
+beyond the object store's.
 
     python benchmarks/memory.py --mb 200        # results/benchmarks/memory.csv
     python benchmarks/memory.py --repo ../old   # the same against another checkout
@@ -53,7 +56,7 @@ def _spec(folder: Path, mb: float) -> Path:
         "trainable": "benchmarks.memory:train",
         "data": {"loader": "benchmarks.memory:load", "args": {"mb": mb}},
         "objective": {"metric": "val_accuracy", "mode": "max"},
-        "budget": {"trials": 4, "max_epochs": 2},
+        "budget": {"trials": 2, "max_epochs": 2},
         "sampler": {"name": "random", "seed": 0},
         "storage": f"sqlite:///{folder}/optuna.db",
         "space": {"x": {"uniform": [0.0, 1.0]}},
@@ -73,6 +76,17 @@ def _memory_kb(pid: int) -> tuple[int, int]:
     return values.get("Rss", 0), values.get("Pss", 0)
 
 
+def _tree_pss_kb(pid: int) -> int:
+    """The PSS of ``pid`` and every process under it, in kB."""
+    import psutil
+
+    try:
+        pids = [pid, *(c.pid for c in psutil.Process(pid).children(recursive=True))]
+    except psutil.Error:
+        return 0
+    return sum(_memory_kb(p)[1] for p in pids)
+
+
 def measure(repo: Path, mb: float) -> dict[str, float]:
     """Peak driver RSS and PSS (MB) of one cold ``run`` with ``mb`` MB of data."""
     with tempfile.TemporaryDirectory(prefix="search-memory-") as tmp:
@@ -81,12 +95,12 @@ def measure(repo: Path, mb: float) -> dict[str, float]:
         cmd = [sys.executable, "-m", "search", "run", str(spec), "--results", str(folder / "r")]
         start = time.monotonic()
         proc = subprocess.Popen(cmd, cwd=repo, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        samples: list[tuple[int, int]] = []
+        samples: list[tuple[int, int, int]] = []
         stop = threading.Event()
 
         def sample() -> None:
             while not stop.is_set():
-                samples.append(_memory_kb(proc.pid))
+                samples.append((*_memory_kb(proc.pid), _tree_pss_kb(proc.pid)))
                 time.sleep(0.1)
 
         sampler = threading.Thread(target=sample, daemon=True)
@@ -106,6 +120,7 @@ def measure(repo: Path, mb: float) -> dict[str, float]:
         "peak_pss_mb": max(s[1] for s in live) / 1024,
         "held_rss_mb": rss,
         "held_pss_mb": pss,
+        "peak_all_pss_mb": max(s[2] for s in live) / 1024,
         "seconds": seconds,
     }
 
