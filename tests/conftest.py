@@ -191,3 +191,28 @@ def invocations(base_url: str, inputs: dict[str, np.ndarray]) -> np.ndarray:
     got: Any = answer.json()["predictions"]
     got = next(iter(got.values())) if isinstance(got, dict) else got
     return np.asarray(got, dtype=np.float32)
+
+
+def alive(pid: int) -> bool:
+    """Whether process ``pid`` runs (a zombie, ended but not yet reaped, does not)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def wait_for_a_running_trial(storage: str, driver: subprocess.Popen[str], study: str = "t") -> None:
+    """Waits (180 s at most) until a trial of ``study`` is RUNNING with an epoch reported."""
+    import optuna
+    from optuna.trial import TrialState
+
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline and driver.poll() is None:
+        time.sleep(0.3)
+        try:
+            trials = optuna.load_study(study_name=study, storage=storage).trials
+        except KeyError:
+            continue
+        if any(t.state == TrialState.RUNNING and t.intermediate_values for t in trials):
+            return
+    pytest.fail("no trial ever ran")

@@ -33,7 +33,7 @@ import optuna
 import pytest
 
 from search.record.storage import redact
-from tests.conftest import REPO, base_spec, write_spec
+from tests.conftest import REPO, alive, base_spec, write_spec
 
 pytestmark = [pytest.mark.slow]
 
@@ -187,15 +187,8 @@ def _kill_groups(groups: list[int]) -> None:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.kill(pid, sig)
         deadline = time.monotonic() + 5
-        while time.monotonic() < deadline and any(_alive(pid) for pid in mine):
+        while time.monotonic() < deadline and any(alive(pid) for pid in mine):
             time.sleep(0.2)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 @pytest.fixture(scope="module")

@@ -21,7 +21,7 @@ from search.contract import TrialContext, trainable
 from search.contract.dataset import Dataset, load_digits
 from search.run.runner import RunOptions, run_study
 from search.spec.schema import parse_spec
-from tests.conftest import base_spec
+from tests.conftest import alive, base_spec
 
 pytestmark = [pytest.mark.slow, pytest.mark.torch]
 
@@ -49,14 +49,6 @@ def probe(config: Mapping[str, Any], data: Dataset, ctx: TrialContext) -> Iterat
         }
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
-
-
 def test_two_gloo_workers_report_through_rank_zero_and_die_with_the_trial() -> None:
     ctx = TrialContext(max_epochs=3, num_threads=1)
     epochs = data_parallel("tests.test_ddp:probe", {}, load_digits(0.2, 0), ctx, workers=2)
@@ -64,9 +56,9 @@ def test_two_gloo_workers_report_through_rank_zero_and_die_with_the_trial() -> N
     assert (first["world"], first["rank"], first["ctx_world"]) == (2.0, 0.0, 2.0)
     pids = [int(first["pid0"]), int(first["pid1"])]
     assert len(set(pids)) == 2 and os.getpid() not in pids
-    assert all(_alive(pid) for pid in pids)
+    assert all(alive(pid) for pid in pids)
     epochs.close()  # what ASHA's stop does to the trial's generator
-    assert not any(_alive(pid) for pid in pids)
+    assert not any(alive(pid) for pid in pids)
 
 
 def test_other_ranks_write_their_output_beside_the_trials_log(

@@ -8,7 +8,6 @@ import errno
 import sqlite3
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -21,7 +20,7 @@ from search.cli import app, full_disk_is_one_line
 from search.errors import DiskFullError, disk_full
 from search.record.resume import INTERRUPTED
 from search.record.storage import full_disk_error, open_storage
-from tests.conftest import REPO, base_spec, write_spec
+from tests.conftest import REPO, base_spec, wait_for_a_running_trial, write_spec
 
 FULL = "free space and run the same command again"
 
@@ -122,19 +121,6 @@ def _run(spec: Path, results: Path) -> list[str]:
     return [sys.executable, "-m", "search", "run", str(spec), "--results", str(results)]
 
 
-def _wait_for_an_epoch(storage: str, driver: subprocess.Popen[str]) -> None:
-    deadline = time.monotonic() + 180
-    while time.monotonic() < deadline and driver.poll() is None:
-        time.sleep(0.2)
-        try:
-            trials = optuna.load_study(study_name="t", storage=storage).trials
-        except KeyError:
-            continue
-        if any(t.state == TrialState.RUNNING and t.intermediate_values for t in trials):
-            return
-    pytest.fail("no trial ever ran")
-
-
 @pytest.mark.slow
 @pytest.mark.usefixtures("joins_session_ray")
 def test_a_run_whose_results_fill_stops_in_one_line_and_its_cut_trials_are_replaced(
@@ -150,7 +136,7 @@ def test_a_run_whose_results_fill_stops_in_one_line_and_its_cut_trials_are_repla
     driver = subprocess.Popen(
         _run(spec, disk), cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     )
-    _wait_for_an_epoch(data["storage"], driver)
+    wait_for_a_running_trial(data["storage"], driver)
     _fill(disk)
     out, err = driver.communicate(timeout=180)
 

@@ -26,6 +26,7 @@ from search.record.queries import EPOCHS_FILE, read_epochs
 from search.record.study import load_study
 from search.run.runner import RunOptions, run_study
 from search.spec.schema import parse_spec
+from tests.conftest import alive
 
 pytestmark = [
     pytest.mark.slow,
@@ -98,14 +99,6 @@ def _printed(epochs: Iterator[dict], ctx: TrialContext) -> Generator[dict, None,
         yield metrics
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
-
-
 def _rank_lines(path: Path, rank: int) -> list[dict[str, float]]:
     found = re.findall(rf"^rank {rank} metrics (.*)$", path.read_text(), re.MULTILINE)
     return [json.loads(line) for line in found]
@@ -168,7 +161,7 @@ def test_the_pruned_trial_stopped_on_every_rank(ran: Any) -> None:
     # Tune ends a stopped trial's thread at its next report, or ends its actor; either way
     # both processes go (the socket to the actor closes, then gloo's connection to rank 0)
     for _ in range(600):
-        if not any(_alive(pid) for pid in pids):
+        if not any(alive(pid) for pid in pids):
             break
         time.sleep(0.1)
-    assert not any(_alive(pid) for pid in pids), "a rank of the pruned trial outlived it"
+    assert not any(alive(pid) for pid in pids), "a rank of the pruned trial outlived it"

@@ -16,7 +16,7 @@ from optuna.trial import TrialState
 
 from search.record.resume import INTERRUPTED
 from search.run.signals import EXIT_STATUS
-from tests.conftest import REPO, base_spec, write_spec
+from tests.conftest import REPO, base_spec, wait_for_a_running_trial, write_spec
 
 
 def _driver(spec: Path, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
@@ -33,19 +33,6 @@ def _driver(spec: Path, env: dict[str, str] | None = None) -> subprocess.Popen[s
         command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         start_new_session=True, env=env,
     )  # fmt: skip
-
-
-def _wait_for_a_running_trial(storage: str, driver: subprocess.Popen[str]) -> None:
-    deadline = time.monotonic() + 180
-    while time.monotonic() < deadline and driver.poll() is None:
-        time.sleep(0.3)
-        try:
-            trials = optuna.load_study(study_name="t", storage=storage).trials
-        except KeyError:
-            continue
-        if any(t.state == TrialState.RUNNING and t.intermediate_values for t in trials):
-            return
-    pytest.fail("no trial ever ran")
 
 
 def _assert_replaced_next_run(spec: Path, storage: str, env: dict[str, str] | None = None) -> None:
@@ -76,7 +63,7 @@ def test_sigterm_ends_the_run_like_ctrl_c_and_the_next_run_replaces_its_cut_tria
     )  # fmt: skip
     spec = write_spec(tmp_path / "s.yaml", data)
     driver = _driver(spec)
-    _wait_for_a_running_trial(data["storage"], driver)
+    wait_for_a_running_trial(data["storage"], driver)
     os.kill(driver.pid, signal.SIGTERM)
     out, _ = driver.communicate(timeout=120)
 
@@ -99,7 +86,7 @@ def test_sigterm_to_the_process_group_with_its_own_ray_ends_the_run_as_to_the_dr
     spec = write_spec(tmp_path / "s.yaml", data)
     own = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
     driver = _driver(spec, {**own, "SEARCH_NUM_CPUS": "2"})  # a Ray of its own
-    _wait_for_a_running_trial(data["storage"], driver)
+    wait_for_a_running_trial(data["storage"], driver)
     os.killpg(driver.pid, signal.SIGTERM)
     out, _ = driver.communicate(timeout=120)
 
