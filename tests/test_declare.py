@@ -93,7 +93,7 @@ def test_train_to_end_keeps_an_early_return_and_says_what_is_missing() -> None:
     ctx = TrialContext(max_epochs=3)
     early = train_to_end(stops_early, {}, None, ctx)
     assert (early.model, early.epochs) == ("model after epoch 1", 1)
-    with pytest.raises(RuntimeError, match="returned no model: end its generator with `return"):
+    with pytest.raises(RuntimeError, match="returned no model: end it with `return model`"):
         train_to_end(forgets, {}, None, ctx)
     with pytest.raises(RuntimeError, match="training failed: loss is nan at epoch 1"):
         train_to_end(explodes, {}, None, ctx)
