@@ -8,11 +8,14 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import optuna
 import pytest
 from optuna.trial import TrialState
 
+from search.contract import trainable
 from search.handover.export import export_study
 from search.run.data import load_data, share
+from search.run.runner import RunOptions, run_study
 from search.spec.schema import parse_spec
 from tests.conftest import base_spec
 from tests.test_export import make_study
@@ -73,3 +76,21 @@ def test_shared_data_is_one_object_store_copy(ray_local: None) -> None:
     assert np.array_equal(got["x_train"], data["x_train"])
     assert not got["x_train"].flags.writeable  # a zero-copy view of the object store's copy
     assert shared.path is None
+
+
+@trainable(defaults={"width": 7, "x": 0.5})
+def reads_a_default(config: Any, data: Any, ctx: Any) -> Any:
+    """Reads ``width``, which only its declared defaults give (no space key, no ``fixed``)."""
+    yield {"val_accuracy": float(config["width"]) + float(config["x"])}
+
+
+def test_a_declared_trainables_defaults_fill_the_trials_config(
+    ray_local: None, tmp_path: Path
+) -> None:
+    data = base_spec(tmp_path, trainable="tests.test_data_once:reads_a_default")
+    data["budget"] = {"trials": 1, "max_epochs": 1}
+    spec = parse_spec(data)
+    run_study(spec, RunOptions(results_dir=tmp_path / "results", progress=False))
+    trial = optuna.load_study(study_name="t", storage=spec.storage).trials[0]
+    assert trial.state == TrialState.COMPLETE  # not KeyError: 'width'
+    assert trial.value == pytest.approx(7 + trial.params["x"])

@@ -193,8 +193,11 @@ def _code_error(exc: BaseException, ctx: TrialContext) -> dict[str, Any]:
 def run_trial(config: dict[str, Any], job: TrialJob, data: Dataset) -> None:
     """The Ray Tune function trainable: one ``tune.report`` per epoch the trainable yields,
     the trial's stdout and stderr captured into ``output.log`` in its folder (with what ends
-    the process, should it die: :func:`~search.run.death.exit_noted`)."""
+    the process, should it die: :func:`~search.run.death.exit_noted`). A declared trainable's
+    ``@trainable(defaults=...)`` fill the knobs the trial's config lacks, as they do in an
+    exported config (:func:`search.handover.candidates.resolved_config`)."""
     found = declarations(job.trainable)  # imports its module (and its framework)
+    config = {**(found.defaults or {}), **config}
     device, node = _placement()
     ctx = _context(config, job, device)
     with captured(_log_dir(ctx)) as log, exit_noted():
