@@ -45,3 +45,17 @@ __all__ = [
     "write_inputs",
 ]
 __version__ = "0.1.0"
+
+_ADAPTERS = ("hf", "keras", "lightning")
+"""The framework adapters, imported on first use: ``import search`` then
+``search.lightning.fit(...)`` works, and ``import search`` loads none of their frameworks."""
+
+
+def __getattr__(name: str) -> object:
+    """Imports :mod:`search.keras`, :mod:`search.lightning` or :mod:`search.hf` when first
+    named (PEP 562)."""
+    if name in _ADAPTERS:
+        import importlib
+
+        return importlib.import_module(f"search.{name}")
+    raise AttributeError(f"module 'search' has no attribute {name!r}")

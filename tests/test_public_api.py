@@ -167,6 +167,20 @@ def test_importing_search_loads_no_heavy_library() -> None:
     assert out.stdout.strip() == "[]"
 
 
+def test_the_adapters_are_reached_from_import_search_alone() -> None:
+    """``import search`` then ``search.lightning.fit``, as the README writes it: the adapter is
+    imported when first named, not by ``import search``."""
+    code = (
+        "import sys, search; before = 'search.lightning' in sys.modules; "
+        "print(before, search.lightning.fit.__module__, search.keras.fit.__module__, "
+        "search.hf.train.__module__)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO
+    )
+    assert out.stdout.split() == ["False", "search.lightning", "search.keras", "search.hf"]
+
+
 def search_imports(path: Path) -> list[str]:
     """Every import of a ``search`` module or name in ``path`` (any level): ``"search.X"``
     for ``from search import X``, the module for ``import search.m`` or ``from search.m``."""
