@@ -35,6 +35,7 @@ from search.compute.placement import (
     resolve,
 )
 from search.errors import SearchError
+from search.record.study import confirm_storage
 from search.run.oom import out_of_memory
 from search.run.runner import RunOptions, run_study
 from search.spec.schema import ResourcesSpec, parse_spec
@@ -388,7 +389,8 @@ def test_confirmation_runs_get_the_threads_and_memory_cap_of_trials(tmp_path: Pa
     assert done.returncode == 0, done.stderr[-3000:]
     storage = f"sqlite:///{tmp_path}/optuna.db"
     trials = optuna.load_study(study_name="confirm", storage=storage).trials
-    confirm = optuna.load_study(study_name="confirm-confirm", storage=storage).trials
+    confirms = confirm_storage(spec.parent / "results", "confirm")  # results/confirm/confirm.db
+    confirm = optuna.load_study(study_name="confirm-confirm", storage=confirms).trials
     cap = {"threads": 1, "gpu_memory_fraction": 0.45}
     assert [t.user_attrs["limits"] for t in trials] == [cap]
     assert [(t.state.name, t.user_attrs["limits"]) for t in confirm] == [("COMPLETE", cap)]

@@ -21,7 +21,7 @@ import yaml
 from optuna.distributions import CategoricalDistribution, FloatDistribution
 from optuna.trial import TrialState, create_trial
 
-from search.record.study import open_study, record_spec
+from search.record.study import confirm_storage, open_study, record_spec
 from search.spec.schema import parse_spec
 from tests.conftest import REPO, base_spec, free_port, invocations, served
 from tests.test_cli import _cli
@@ -174,4 +174,5 @@ def test_a_keras_winner_is_registered_and_served(mlflow_server: str, tmp_path: P
     with served("models:/wine-keras@challenger", mlflow_server, tmp_path) as url:
         got = invocations(url, {name: x})
     np.testing.assert_allclose(got, expected, atol=1e-5)
-    assert optuna.load_study(study_name="wine-keras-confirm", storage=storage).trials
+    confirms = confirm_storage(tmp_path / "r", "wine-keras")  # beside the study's results
+    assert optuna.load_study(study_name="wine-keras-confirm", storage=confirms).trials

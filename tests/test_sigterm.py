@@ -58,7 +58,7 @@ def test_sigterm_ends_the_run_like_ctrl_c_and_the_next_run_replaces_its_cut_tria
     tmp_path: Path,
 ) -> None:
     data = base_spec(
-        tmp_path, budget={"trials": 2, "max_epochs": 2}, fixed={"sleep": 1.0},
+        tmp_path, budget={"trials": 2, "max_epochs": 4}, fixed={"sleep": 1.5},
         asha={"enabled": False},
     )  # fmt: skip
     spec = write_spec(tmp_path / "s.yaml", data)
@@ -80,7 +80,7 @@ def test_sigterm_to_the_process_group_with_its_own_ray_ends_the_run_as_to_the_dr
     """Slurm's ``killpg``: the run's own Ray is out of the group, so Tune stops and the run
     records and exits as with SIGTERM to the driver alone (without it: exit 1 after 60 s)."""
     data = base_spec(
-        tmp_path, budget={"trials": 2, "max_epochs": 2}, fixed={"sleep": 1.0},
+        tmp_path, budget={"trials": 2, "max_epochs": 4}, fixed={"sleep": 1.5},
         asha={"enabled": False},
     )  # fmt: skip
     spec = write_spec(tmp_path / "s.yaml", data)
