@@ -144,3 +144,23 @@ def test_tensorflow_imported_after_the_limits_still_gets_them() -> None:
     intra, inter, cpus, applied = json.loads(done.stdout.strip().splitlines()[-1])
     assert (intra, inter, cpus) == (1, 1, 2)
     assert applied == {"threads": 1, "tf_cpu_devices": 2}
+
+
+def test_the_limits_seed_the_process_generators_from_the_trials_seed() -> None:
+    """A trainable that seeds nothing (a LightningModule built before ``fit``) draws the same
+    numbers in its trial, its confirmation run, the exported model and ``train``."""
+    import random
+
+    import numpy as np
+    import torch
+
+    from search.compute.limits import apply_limits, disarm
+    from search.contract import TrialContext
+
+    def draws(seed: int) -> tuple[float, float, float]:
+        apply_limits(TrialContext(max_epochs=1, seed=seed, num_threads=torch.get_num_threads()))
+        disarm()
+        return random.random(), float(np.random.random()), float(torch.rand(1))
+
+    assert draws(7) == draws(7)
+    assert draws(7) != draws(8)

@@ -38,6 +38,7 @@ import sys
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from search.compute.seeds import seed_everything, seed_tensorflow
 from search.contract import TrialContext, declarations
 
 if TYPE_CHECKING:
@@ -74,8 +75,9 @@ def prepare(trainable: str, ctx: TrialContext) -> tuple[Declarations, dict[str, 
 
 
 def apply_limits(ctx: TrialContext) -> dict[str, Any]:
-    """Applies ``ctx``'s threads, devices and GPU memory cap to this process; returns what it
-    applied (recorded on the trial as the user attribute ``limits``)."""
+    """Applies ``ctx``'s threads, devices and GPU memory cap to this process, and seeds its
+    generators with ``ctx.seed`` (:mod:`search.compute.seeds`); returns what it applied
+    (recorded on the trial as the user attribute ``limits``)."""
     applied: dict[str, Any] = {"threads": ctx.num_threads}
     for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
         os.environ[var] = str(ctx.num_threads)
@@ -86,13 +88,20 @@ def apply_limits(ctx: TrialContext) -> dict[str, Any]:
     if "torch" in sys.modules:
         _torch(ctx, fraction)
     disarm()
+    seed_everything(ctx.seed)
     if "tensorflow" in sys.modules:
         _tensorflow(ctx, fraction, applied)
     else:  # a trainable that imports TensorFlow (or Keras) inside its function
         sys.meta_path.insert(
-            0, _AfterImport("tensorflow", lambda: _tensorflow(ctx, fraction, applied))
+            0, _AfterImport("tensorflow", lambda: _late_tf(ctx, fraction, applied))
         )
     return applied
+
+
+def _late_tf(ctx: TrialContext, fraction: float | None, applied: dict[str, Any]) -> None:
+    """TensorFlow imported by the trainable itself: its limits, then its seed."""
+    _tensorflow(ctx, fraction, applied)
+    seed_tensorflow(ctx.seed)
 
 
 class _AfterImport(importlib.abc.MetaPathFinder):
