@@ -3,7 +3,10 @@
 
 from __future__ import annotations
 
+import gc
+import importlib
 import os
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +17,7 @@ from optuna.trial import TrialState
 
 from search.contract import trainable
 from search.handover.export import export_study
-from search.run.data import load_data, share
+from search.run.data import load_data
 from search.run.runner import RunOptions, run_study
 from search.spec.schema import parse_spec
 from tests.conftest import base_spec
@@ -67,15 +70,38 @@ def test_without_data_the_bundle_says_the_trainable_loads_its_own(
     assert "data loaded by the trainable itself" in env and "data built-in" not in env
 
 
-def test_shared_data_is_one_object_store_copy(ray_local: None) -> None:
-    import ray
+class Loaded(dict):
+    """What :func:`weakly_loaded` returns: a dict a weak reference can follow."""
 
-    data = {"x_train": np.ones((1000, 100)), "y_train": np.zeros(1000)}
-    shared = share(data)
-    got = ray.get(shared.ref)
-    assert np.array_equal(got["x_train"], data["x_train"])
-    assert not got["x_train"].flags.writeable  # a zero-copy view of the object store's copy
-    assert shared.path is None
+
+LOADED: list[weakref.ref[Loaded]] = []
+
+
+def weakly_loaded() -> Loaded:
+    """A loader whose result the test can watch through :data:`LOADED`."""
+    data = Loaded(x_train=np.ones((1000, 100)), y_train=np.zeros(1000))
+    LOADED.append(weakref.ref(data))
+    return data
+
+
+def test_the_driver_keeps_no_copy_of_the_data_while_trials_run(
+    ray_local: None, tmp_path: Path
+) -> None:
+    from ray.tune import Callback
+
+    seen: list[bool] = []
+
+    class Watch(Callback):  # runs in the driver, in Tune's loop, while trials run
+        def on_trial_start(self, iteration: int, trials: Any, trial: Any, **info: Any) -> None:
+            gc.collect()  # the loader's module as the spec names it (pytest may import this apart)
+            loaded = importlib.import_module("tests.test_data_once").LOADED
+            seen.append(loaded[-1]() is not None)
+
+    data = base_spec(tmp_path, data={"loader": "tests.test_data_once:weakly_loaded"})
+    data["budget"] = {"trials": 2, "max_epochs": 1}
+    options = RunOptions(results_dir=tmp_path / "results", progress=False, callbacks=[Watch()])
+    run_study(parse_spec(data), options)
+    assert seen and not any(seen)  # only Ray's object store holds it
 
 
 @trainable(defaults={"width": 7, "x": 0.5})
