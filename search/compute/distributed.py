@@ -145,7 +145,7 @@ def data_parallel(
                         f"training process {rank} of {workers} exited with status {code}"
                     ) from None
                 if kind == "error":
-                    raise payload if isinstance(payload, BaseException) else RuntimeError(payload)
+                    raise _own_error(_as_error(payload), [c for c in conns if c is not conn])
                 if kind == "done":
                     done.add(rank)
                 elif kind == "epoch":
@@ -160,6 +160,33 @@ def data_parallel(
         for proc in procs:
             proc.wait()
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def _as_error(payload: object) -> BaseException:
+    return payload if isinstance(payload, BaseException) else RuntimeError(payload)
+
+
+def _peer_gone(error: BaseException) -> bool:
+    """Whether ``error`` is what a rank gets when another rank stopped mid-collective (gloo's
+    ``Connection reset by peer``, NCCL's watchdog), not a failure of its own."""
+    text = f"{type(error).__name__} {error}"
+    return "DistBackendError" in text or "gloo" in text or "NCCL" in text
+
+
+def _own_error(first: BaseException, others: list[Connection], grace_s: float = 5.0) -> BaseException:
+    """The error to end the trial with once a rank failed: when the first to arrive is only
+    a peer's connection error, the failing rank's own error, should it come within
+    ``grace_s`` (which rank's message arrives first is a race)."""
+    deadline = time.monotonic() + grace_s
+    pending = list(others)
+    while _peer_gone(first) and pending and (left := deadline - time.monotonic()) > 0:
+        for conn in wait(pending, timeout=left):  # type: ignore[arg-type]
+            pending.remove(conn)  # type: ignore[arg-type]
+            with contextlib.suppress(EOFError, OSError):
+                kind, payload = conn.recv()  # type: ignore[union-attr]
+                if kind == "error" and not _peer_gone(error := _as_error(payload)):
+                    return error
+    return first
 
 
 @contextlib.contextmanager
