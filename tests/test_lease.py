@@ -329,7 +329,9 @@ def test_the_next_run_stops_the_ray_agents_a_killed_driver_left(
         assert agents <= int(said[0].split()[1]) <= len(left), (said, left)
         trials = optuna.load_study(study_name="left", storage=data["storage"]).trials
         assert not [t for t in trials if t.state.name in ("RUNNING", "WAITING")]
-        assert sum(t.state.name == "COMPLETE" for t in trials) == 2
+        fates = [(t.number, t.state.name, t.user_attrs.get("search/fail_reason")) for t in trials]
+        # the budget is spent: ASHA may prune the weaker of the two at epoch 1
+        assert sum(t.state.name in ("COMPLETE", "PRUNED") for t in trials) == 2, fates
     finally:
         if driver.poll() is None:
             driver.kill()
