@@ -81,7 +81,6 @@ def test_an_error_on_any_rank_ends_the_trial_with_that_error() -> None:
         list(epochs)
 
 
-
 def test_the_failing_ranks_own_error_wins_over_its_peers_connection_error() -> None:
     """Which rank's message arrives first is a race: rank 0's gloo ``Connection reset by
     peer`` (its peer stopped) must not hide rank 1's own error arriving just after it."""
@@ -96,6 +95,7 @@ def test_the_failing_ranks_own_error_wins_over_its_peers_connection_error() -> N
     assert _own_error(peer, [Pipe()[0]], grace_s=0.2) is peer  # no other error came
     own = ValueError("rank 0 failed")
     assert _own_error(own, [ours], grace_s=5) is own
+
 
 def _one_trial_on_two_devices(tmp_path: Path, trainable: str, epochs: int) -> Any:
     """Runs a one-trial study of ``trainable`` with ``workers_per_trial: 2`` on CPU; its trial."""

@@ -15,9 +15,10 @@ from types import SimpleNamespace
 import optuna
 import pytest
 
-from search.record.fate import EPOCH
+from search.record.fate import EPOCH, NODE_LOST, TrialRecord
+from search.record.resume import INTERRUPTED
 from search.run.bridge import Outcome
-from search.run.death import EXIT_NOTE, Deaths, cause_in, read_since
+from search.run.death import EXIT_NOTE, SILENT, Deaths, cause_in, read_since
 from search.run.runner import RunOptions, run_study
 from search.run.stopping import FailFast
 from search.spec.schema import load_spec
@@ -128,3 +129,58 @@ def test_a_retry_that_gets_past_the_epoch_of_the_death_gets_its_retries_back(
         f.write(EXIT_NOTE.format(code=3) + "\n")
     again = deaths.reason(trial, ActorDiedError(), log)
     assert again == "worker exited with code 3 at epoch 3 (again on retry 2: not retried further)"
+
+
+def _stand_in(tmp_path: Path, error: BaseException) -> SimpleNamespace:
+    """Tune's trial as :class:`ErrorCallback` reads it: its id, folder and pickled error."""
+    import cloudpickle
+
+    (tmp_path / "error.pkl").write_bytes(cloudpickle.dumps(error))
+    return SimpleNamespace(
+        trial_id="t",
+        path=str(tmp_path),
+        pickled_error_file=str(tmp_path / "error.pkl"),
+        max_failures=0,
+        run_metadata=SimpleNamespace(num_failures=1),
+        latest_checkpoint_result=None,
+    )
+
+
+class _Bridge:
+    """What :class:`ErrorCallback` tells the bridge, kept."""
+
+    def __init__(self) -> None:
+        self.told: list[tuple[str, ...]] = []
+
+    def mark_interrupted(self, trial_id: str, cause: str) -> None:
+        self.told.append(("interrupted", cause))
+
+    def record_error(self, trial_id: str, message: str, traceback: str | None = None) -> None:
+        self.told.append(("error", message))
+
+
+def test_a_worker_killed_without_a_word_says_so_when_its_log_was_read(tmp_path: Path) -> None:
+    from ray.exceptions import ActorDiedError
+
+    from search.run.bridge import ErrorCallback
+
+    (tmp_path / "output.log").write_text("epoch 1\n")  # then kill -9: nothing more
+    bridge = _Bridge()
+    ErrorCallback(bridge).on_trial_error(0, [], _stand_in(tmp_path, ActorDiedError()))
+    assert bridge.told == [("error", f"{SILENT} at epoch 1")]
+
+
+def test_a_trial_whose_node_died_is_interrupted_not_failed(tmp_path: Path) -> None:
+    """Ray's GCS words for an actor on a node that died: the world's doing, replaced."""
+    from ray.exceptions import RayActorError
+
+    from search.run.bridge import ErrorCallback
+
+    lost = RayActorError(error_msg="The actor died because its node has died. Node Id: 7f3a")
+    bridge = _Bridge()
+    ErrorCallback(bridge).on_trial_error(0, [], _stand_in(tmp_path, lost))
+    assert bridge.told[0] == ("interrupted", NODE_LOST)
+    record = TrialRecord("acc", 3, interrupted=NODE_LOST)
+    record.add({"acc": 0.5, "training_iteration": 1})
+    record.error = bridge.told[1][1]
+    assert record.fate() == (optuna.trial.TrialState.FAIL, None, INTERRUPTED)

@@ -173,7 +173,9 @@ def _peer_gone(error: BaseException) -> bool:
     return "DistBackendError" in text or "gloo" in text or "NCCL" in text
 
 
-def _own_error(first: BaseException, others: list[Connection], grace_s: float = 5.0) -> BaseException:
+def _own_error(
+    first: BaseException, others: list[Connection], grace_s: float = 5.0
+) -> BaseException:
     """The error to end the trial with once a rank failed: when the first to arrive is only
     a peer's connection error, the failing rank's own error, should it come within
     ``grace_s`` (which rank's message arrives first is a race)."""

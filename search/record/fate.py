@@ -6,11 +6,11 @@ Whose doing it was, the one rule: a trial fails by its own doing when its config
 made it fail: it raised, its metric or loss turned NaN or infinite, its objective was missing
 or not a number, it yielded no epoch. It was cut by the world when something outside its
 config stopped it before its last epoch: a full disk (:data:`DISK_FULL`), SIGTERM to the
-driver (:data:`TERMINATED`), or its driver died (found and settled by the next run,
-:func:`search.record.resume.recover`). Its own doing is ``FAIL`` with the reason, counted
-against ``budget.trials``; the world's is ``FAIL`` with
-:data:`search.record.resume.INTERRUPTED`, never counted
-(:func:`search.record.resume.counts`), and the next run replaces it. A trial that already
+driver (:data:`TERMINATED`), its node died (:data:`NODE_LOST`), or its driver died (found
+and settled by the next run, :func:`search.record.resume.recover`). Its own doing is
+``FAIL`` with the reason, counted against ``budget.trials``; the world's is ``FAIL`` with
+:data:`search.record.resume.INTERRUPTED`, never counted (:func:`search.record.resume.counts`),
+and the next run replaces it. A trial that already
 failed by its own doing, or that its scheduler pruned, keeps that fate when the world then
 cuts the run (:data:`WORLD`, :meth:`TrialRecord.cut_by_world`).
 
@@ -76,7 +76,9 @@ TERMINATED = "SIGTERM"
 DISK_FULL = "disk full"
 """The ``interrupted`` cause of trials cut because a disk the run writes to is full (a
 trial's own checkpoint or output, or Tune's experiment state; search/run/faults.py)."""
-WORLD = frozenset({TERMINATED, DISK_FULL})
+NODE_LOST = "node lost"
+"""The ``interrupted`` cause of a trial whose Ray node died under it (search/run/death.py)."""
+WORLD = frozenset({TERMINATED, DISK_FULL, NODE_LOST})
 """The ``interrupted`` causes that are the world's doing, not the config's (module
 docstring): a trial they cut is replaced. The user's own limits (a time limit, a device
 budget, Ctrl-C) are not among them: stopping is then the user's choice, and counts."""

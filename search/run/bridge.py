@@ -24,10 +24,10 @@ from optuna.trial import TrialState
 from ray.tune import Callback
 from ray.tune.search import Searcher
 
-from search.record.fate import NUMBER, SEED, TrialRecord, error_summary
+from search.record.fate import NODE_LOST, NUMBER, SEED, TrialRecord, error_summary
 from search.record.resume import FATE, fate_record
 from search.record.warm import START_FROM
-from search.run.death import Deaths
+from search.run.death import Deaths, node_lost
 from search.run.faults import DiskFault
 from search.run.output import LOG_FILE
 from search.spec.space import sample
@@ -323,6 +323,8 @@ class ErrorCallback(Callback):
         error = _trial_error(trial)
         if self._fault.met(error, trial.trial_id):
             return
+        if node_lost(error):  # the world's doing: interrupted, replaced by the next run
+            self._bridge.mark_interrupted(trial.trial_id, NODE_LOST)
         death = self._deaths.reason(trial, error, _log(trial))
         traceback = None if death else getattr(trial, "error_file", None)  # Ray's: no stack
         self._bridge.record_error(trial.trial_id, death or error_summary(error), traceback)
@@ -340,8 +342,8 @@ class ErrorCallback(Callback):
         error = _trial_error(trial)
         if self._fault.met(error, trial.trial_id):
             return
-        if self._deaths.reason(trial, error, _log(trial)):
-            self._deaths.hold(trial)
+        if self._deaths.reason(trial, error, _log(trial)) and not node_lost(error):
+            self._deaths.hold(trial)  # a lost node says nothing of the next attempt
         self._bridge.record_retry(trial.trial_id)
 
 

@@ -9,8 +9,12 @@ error: Segmentation fault`` and the stack, and Ray's own handler ``*** SIGSEGV r
 an ``os._exit`` during a trial writes :data:`EXIT_NOTE` first (:func:`exit_noted`). So the
 driver reads what the dead attempt wrote to its log, and the trial fails with
 ``worker died: SIGSEGV (Segmentation fault) at epoch 2`` or
-``worker exited with code 3 at epoch 2``. A log the driver cannot read (a trial on another
-node) leaves ``worker died at epoch 2`` with the first sentence of Ray's exit detail.
+``worker exited with code 3 at epoch 2``. A log that says nothing of the end means a signal
+no process can catch: ``worker killed without a word (SIGKILL, or the kernel's OOM killer)``
+(:data:`SILENT`). A log the driver cannot read (a trial on another node) leaves ``worker died
+at epoch 2`` with the first sentence of Ray's exit detail. A trial whose node died was cut by
+the world, not by its code: it is interrupted (:func:`node_lost`), like a trial of a dead
+driver, and replaced by the next run.
 
 Retries: a worker that died is retried (``faults.max_failures``), but that retry must get
 past the epoch where the worker died before it earns another: a retry that fails again at
@@ -111,6 +115,38 @@ def ray_detail(error: BaseException) -> str:
     return match[1].strip() if match else ""
 
 
+SILENT = "worker killed without a word (SIGKILL, or the kernel's OOM killer)"
+"""The cause of a worker whose log says nothing of its end: faulthandler reports every fatal
+signal a process can catch and :func:`exit_noted` every ``os._exit``, so what is left is a
+signal no process sees coming (``kill -9``; the kernel's OOM killer sends the same)."""
+
+NODE_DIED = "because its node has died"
+"""What Ray's ``ActorDiedError`` says when the trial's node went, not its process."""
+
+
+def silent_cause(error: BaseException | None, read: bool) -> str:
+    """What ended a worker that wrote no cause to its log (``read``: the driver could read
+    that log, so its silence means something).
+
+    Example:
+        >>> silent_cause(None, read=True)
+        "worker killed without a word (SIGKILL, or the kernel's OOM killer)"
+        >>> silent_cause(None, read=False)
+        'worker died'
+    """
+    detail = ray_detail(error) if error is not None else ""
+    if "memory" in detail:  # Ray's own memory monitor killed it, and says so
+        return f"worker killed by Ray: {detail}"
+    if read:
+        return SILENT
+    return "worker died" + (f" (Ray: {detail})" if detail else "")
+
+
+def node_lost(error: BaseException | None) -> bool:
+    """Whether ``error`` is Ray's word that the trial's node died (the world's doing)."""
+    return died(error) and NODE_DIED in str(error)
+
+
 @contextlib.contextmanager
 def exit_noted() -> Iterator[None]:
     """Makes the trial's process say why it goes: faulthandler on (a fatal signal prints its
@@ -174,10 +210,7 @@ class Deaths:
         seen = self._trials.setdefault(trial.trial_id, _Attempts())
         text, seen.read = read_since(log, seen.read) if log else ("", seen.read)
         epoch = _epoch_in_progress(trial, seen.epoch)
-        cause = cause_in(text)
-        if cause is None:
-            detail = ray_detail(error) if error is not None else ""
-            cause = "worker died" + (f" (Ray: {detail})" if detail else "")
+        cause = cause_in(text) or silent_cause(error, read=log is not None and log.is_file())
         again = seen.death == (cause, epoch)
         seen.death, seen.epoch = (cause, epoch), None
         retries = trial.run_metadata.num_failures - 1
