@@ -158,7 +158,8 @@ class OptunaBridge(Searcher):
         return optuna.Trial(study, study._storage.create_new_trial(study._study_id, template))
 
     def on_trial_result(self, trial_id: str, result: dict[str, Any]) -> None:
-        self._add(trial_id, result)
+        if trial_id in self._live:  # not when a cut of the run settled it a moment ago
+            self._add(trial_id, result)
 
     def on_trial_complete(
         self, trial_id: str, result: dict[str, Any] | None = None, error: bool = False
