@@ -197,3 +197,18 @@ def test_the_figures_of_a_study_without_a_completed_trial_log_nothing() -> None:
     assert set(figures) >= {"optimization-history", "slice", "parallel-coordinate"}
     assert heard == []  # optuna logs one warning a figure here (five lines after such a run)
     assert logging.getLogger("optuna").level != logging.ERROR  # and its level is given back
+
+
+def test_importances_are_drawn_from_five_complete_trials_and_said_why_not_before() -> None:
+    import optuna
+
+    from search.report.figures import IMPORTANCE_MIN_TRIALS, plotly_figures
+
+    study = optuna.create_study(direction="maximize", sampler=optuna.samplers.RandomSampler(0))
+    study.optimize(lambda t: t.suggest_float("x", 0, 1) + t.suggest_float("y", 0, 0.1), 4)
+    said = plotly_figures(study)["param-importances"]
+    assert said == "not drawn: 4 complete trials are too few for parameter importances (5 at least)"
+    study.optimize(lambda t: t.suggest_float("x", 0, 1) + t.suggest_float("y", 0, 0.1), 1)
+    assert IMPORTANCE_MIN_TRIALS == 5
+    drawn = plotly_figures(study)["param-importances"]
+    assert not isinstance(drawn, str) and {b.name for b in drawn.data} >= {"Objective Value"}

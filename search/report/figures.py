@@ -3,7 +3,8 @@
     optimization-history   each COMPLETE trial's value and the best so far
     intermediate-values    learning curves; COMPLETE solid, PRUNED grey dotted, FAIL red dashed,
                            ASHA's milestones as vertical lines
-    param-importances      which parameters mattered (optuna's default evaluator)
+    param-importances      which parameters mattered (optuna's default evaluator, fANOVA),
+                           from :data:`IMPORTANCE_MIN_TRIALS` complete trials on
     parallel-coordinate    parameters against the value
     slice                  the value against each parameter
     timeline               when each trial ran, and its state
@@ -222,13 +223,35 @@ def plotly_figures(study: optuna.Study) -> dict[str, Any]:
     makers: dict[str, Callable[[], go.Figure]] = {
         "optimization-history": lambda: vis.plot_optimization_history(study, **on),
         "intermediate-values": (lambda: MO_CURVES) if on else (lambda: learning_curves(study)),
-        "param-importances": lambda: vis.plot_param_importances(study, **on),
+        "param-importances": lambda: (
+            too_few_for_importances(study) or vis.plot_param_importances(study, **on)
+        ),
         "parallel-coordinate": lambda: vis.plot_parallel_coordinate(study, **on),
         "slice": lambda: slice_rows(study),
         "timeline": lambda: vis.plot_timeline(latest(study)),
         **({"pareto-front": lambda: vis.plot_pareto_front(study)} if on else {}),
     }
     return {name: attempt(make) for name, make in makers.items()}
+
+
+IMPORTANCE_MIN_TRIALS = 5
+"""The complete trials the importance figure needs. fANOVA fits a random forest to the
+trials; on fewer it apportions noise (one parameter always gets 1.0), and the figure's one
+import, scikit-learn's, cost the end of every small run 1.5 s here."""
+
+
+def too_few_for_importances(study: optuna.Study) -> str | None:
+    """Why the importance figure is not drawn, while the study has fewer than
+    :data:`IMPORTANCE_MIN_TRIALS` complete trials (``None``: draw it)."""
+    from optuna.trial import TrialState
+
+    done = len(study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)))
+    if done >= IMPORTANCE_MIN_TRIALS:
+        return None
+    return (
+        f"not drawn: {done} complete trial{'s' * (done != 1)} are too few for parameter "
+        f"importances ({IMPORTANCE_MIN_TRIALS} at least)"
+    )
 
 
 MO_CURVES = (

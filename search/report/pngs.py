@@ -27,6 +27,7 @@ from search.report.figures import (
     primary_target,
     spec_of,
     subset,
+    too_few_for_importances,
 )
 
 if TYPE_CHECKING:
@@ -52,8 +53,10 @@ def start_pngs(study: optuna.Study, folder: Path) -> Callable[[], None]:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot  # noqa: F401
-    import optuna.importance  # noqa: F401
     import optuna.visualization.matplotlib  # noqa: F401
+
+    if too_few_for_importances(study) is None:
+        import optuna.importance  # noqa: F401
 
     child = multiprocessing.get_context("fork").Process(
         target=_child, args=(study, folder), name="search-pngs", daemon=True
@@ -163,7 +166,9 @@ def write_pngs(study: optuna.Study, folder: Path) -> dict[str, Path | str]:
     makers: dict[str, Callable[[], Any]] = {
         "optimization-history": lambda: vis.plot_optimization_history(study, **on),
         "intermediate-values": (lambda: MO_CURVES) if on else (lambda: _png_learning_curves(study)),
-        "param-importances": lambda: vis.plot_param_importances(study, **on),
+        "param-importances": lambda: (
+            too_few_for_importances(study) or vis.plot_param_importances(study, **on)
+        ),
         "parallel-coordinate": lambda: vis.plot_parallel_coordinate(study, **on),
         "slice": lambda: vis.plot_slice(study, **on),
         "timeline": lambda: vis.plot_timeline(latest(study, PNG_TIMELINE_LIMIT)),
