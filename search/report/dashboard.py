@@ -3,19 +3,23 @@ writes what the dashboard shows beyond the trials themselves.
 
 The dashboard reads only the storage, so a study's spec and per-epoch metrics stay invisible
 unless they are put there: the study's note (the spec as YAML and a summary, written with
-:func:`optuna_dashboard.save_note`) and each trial's artifacts
+:func:`optuna_dashboard.save_note`, :func:`dashboard_notes`) and each trial's artifacts
 (:mod:`search.report.artifacts`). Both are written again only when they changed, so ``run``,
 ``report`` and ``dashboard`` can each publish at little cost.
 """
 
 from __future__ import annotations
 
+import importlib
+import importlib.util
 import ipaddress
 import re
 import socket
+import sys
 import warnings
 from collections import Counter
 from pathlib import Path
+from types import ModuleType
 from typing import TYPE_CHECKING, Any, BinaryIO
 
 import yaml
@@ -112,13 +116,34 @@ def _epochs(trial: optuna.trial.FrozenTrial) -> int:
 
 def publish_note(study: optuna.Study) -> bool:
     """Writes :func:`study_note` as the study's note unless it is already; whether it wrote."""
-    from optuna_dashboard import get_note, save_note
-
+    notes = dashboard_notes()
     body = study_note(study)
-    if get_note(study) == body:
+    if notes.get_note(study) == body:
         return False
-    save_note(study, body)
+    notes.save_note(study, body)
     return True
+
+
+def dashboard_notes() -> ModuleType:
+    """optuna-dashboard's notes (``save_note``, ``get_note``: its module ``_note``, which
+    imports only optuna), loaded without the package's ``__init__``.
+
+    Why not ``from optuna_dashboard import save_note``: the package's ``__init__`` imports
+    the whole web app, whose importance view imports scikit-learn; 1.2 s of the end of every
+    ``run`` here, for a note. The dashboard itself reads the notes written this way
+    (tests/test_dashboard_artifacts.py asks its server for them).
+    """
+    if "optuna_dashboard" in sys.modules:  # imported already: nothing to save
+        return importlib.import_module("optuna_dashboard._note")
+    package = importlib.util.find_spec("optuna_dashboard")  # finds, does not import
+    if package is None or not package.submodule_search_locations:
+        raise ImportError("optuna-dashboard is not installed: pip install optuna-dashboard")
+    path = Path(next(iter(package.submodule_search_locations))) / "_note.py"
+    spec = importlib.util.spec_from_file_location("optuna_dashboard._note", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def publish_study(study: optuna.Study, results_dir: Path) -> int:
