@@ -30,7 +30,7 @@ from optuna.trial import TrialState, create_trial
 from search.record.artifacts import attached, store_path
 from search.record.queries import EPOCHS_FILE
 from search.report.artifacts import attach_file, publish_artifacts
-from search.report.dashboard import dashboard_app, publish_study
+from search.report.dashboard import dashboard_app, publish_study, study_note
 from search.run.output import attach_output
 from tests.conftest import REPO
 
@@ -274,3 +274,28 @@ def test_a_trials_output_is_attached_capped_to_its_end_with_every_ranks_file(
     key = next(k for k in attrs if k.endswith(ids["trial-0000-output.log"]))
     assert json.loads(attrs[key])["mimetype"] == "text/plain"
     assert attach_output(study, 0, None, results) == []  # never started: no output
+
+
+NOTE_ALONE = """
+import sys
+import optuna
+from search.report.dashboard import publish_note
+study = optuna.create_study(storage=sys.argv[1], study_name="alone")
+publish_note(study)
+print("optuna_dashboard" in sys.modules, "sklearn" in sys.modules)
+"""
+
+
+def test_the_end_of_a_run_writes_the_note_without_the_dashboards_web_app(tmp_path: Path) -> None:
+    """The note costs no import of optuna-dashboard's app (scikit-learn with it, 1.2 s at the
+    end of every run), and the dashboard's own reader finds it."""
+    from optuna_dashboard import get_note
+
+    storage = f"sqlite:///{tmp_path}/o.db"
+    done = subprocess.run(
+        [sys.executable, "-c", NOTE_ALONE, storage], capture_output=True, text=True, cwd=REPO
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["False", "False"]
+    study = optuna.load_study(study_name="alone", storage=storage)
+    assert get_note(study) == study_note(study) != ""
