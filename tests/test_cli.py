@@ -44,6 +44,32 @@ def test_help_is_fast_and_imports_no_framework() -> None:
     subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO, timeout=60)
 
 
+RUN_IMPORTS = """
+import atexit, sys
+HEAVY = {"mlflow", "sklearn", "optuna_dashboard", "torch", "tensorflow"}
+atexit.register(lambda: print("heavy:", sorted(HEAVY & set(sys.modules)), file=sys.stderr))
+from search.cli import main
+sys.argv = ["search", "run", *sys.argv[1:]]
+main()
+"""
+
+
+def test_a_run_imports_no_library_it_does_not_use(tmp_path: Path) -> None:
+    """Neither MLflow (Ray's usage tag of the callbacks imports it: 0.8 s), nor the dashboard's
+    web app and scikit-learn (1.2 s, for the study's note), nor a framework the trainable
+    does not use: every run's start and end pay for what they import."""
+    spec = write_spec(
+        tmp_path / "s.yaml", base_spec(tmp_path, budget={"trials": 2, "max_epochs": 2})
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", RUN_IMPORTS, str(spec), "--results", str(tmp_path / "r")],
+        cwd=REPO, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stderr.strip().splitlines()[-1] == "heavy: []"
+    assert (tmp_path / "r" / "t" / "report.html").is_file()  # and the run wrote its report
+
+
 BAD_SPECS = {
     "unknown key": ({"bogus": 1}, "bogus: unknown key"),
     "low above high": ({"space": {"x": {"uniform": [1, 0]}}}, "space.x: uniform: low (1.0) must"),

@@ -33,7 +33,7 @@ from search.record.warm import pending_start
 from search.record.writeback import WriteBehindStorage
 from search.run.bridge import ErrorCallback, OptunaBridge, Outcome
 from search.run.budget import BUDGET_CAUSE, DeviceBudget, budget_for, spent_before
-from search.run.cluster import init_ray
+from search.run.cluster import init_ray, untagged_callbacks
 from search.run.faults import DiskFault
 from search.run.moasha import MultiObjectiveASHA
 from search.run.oom import OOM_RETRIES, OomRetry
@@ -129,7 +129,7 @@ def fit(
     )
     try:
         # SIGTERM: as Ctrl-C; a full disk: the run stops. Their cut trials replaced next run.
-        with termination.watch(), fault.watching_ray_logs():
+        with termination.watch(), fault.watching_ray_logs(), untagged_callbacks():
             tuner.fit()
     except KeyboardInterrupt:
         if not termination.received:
