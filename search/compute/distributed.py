@@ -43,7 +43,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import replace
 from multiprocessing.connection import Connection, wait
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, BinaryIO
+from typing import TYPE_CHECKING, Any, BinaryIO, cast
 
 from search.compute.limits import prepare
 
@@ -182,10 +182,11 @@ def _own_error(
     deadline = time.monotonic() + grace_s
     pending = list(others)
     while _peer_gone(first) and pending and (left := deadline - time.monotonic()) > 0:
-        for conn in wait(pending, timeout=left):  # type: ignore[arg-type]
-            pending.remove(conn)  # type: ignore[arg-type]
+        for ready in wait(pending, timeout=left):  # type: ignore[arg-type]
+            conn = cast(Connection, ready)
+            pending.remove(conn)
             with contextlib.suppress(EOFError, OSError):
-                kind, payload = conn.recv()  # type: ignore[union-attr]
+                kind, payload = conn.recv()
                 if kind == "error" and not _peer_gone(error := _as_error(payload)):
                     return error
     return first
