@@ -1,7 +1,7 @@
 """``python -m search export --mlflow`` end to end against a real ``mlflow server``
-(tests/conftest.py): every point of ``--pareto`` registered, a tracking URI's password kept
-out of everything written, and a Keras winner registered and served by ``mlflow models
-serve``.
+(tests/conftest.py): every point of ``--pareto`` registered, through a tracking URI whose
+password is kept out of everything written (one export proves both), and a Keras winner
+registered and served by ``mlflow models serve``.
 
 The studies are built in their storage with the user attributes the runner writes (as in
 tests/test_pareto_export.py); ``export`` itself runs for real: confirmation runs on the
@@ -10,7 +10,9 @@ session's Ray, the final model, the bundle, the registry.
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -42,28 +44,48 @@ def _versions(uri: str, name: str) -> list[Any]:
     return sorted(found, key=lambda v: int(v.version))
 
 
-def test_pareto_registers_one_version_per_point_tagged_with_its_trial(
-    mlflow_server: str, tmp_path: Path
-) -> None:
-    spec, _ = built_study(tmp_path, POINTS, fixed={"onnx": True})  # front: trials 0, 1, 2
-    out = tmp_path / "front"
-    proc = _cli(
-        "export", "mo", "--storage", spec.storage, "--pareto", "--seeds", "1", "--out", str(out),
-        "--results", str(tmp_path / "r"), "--mlflow", mlflow_server, "--model-name", "mo-front",
-        timeout=600,
-    )  # fmt: skip
+# front of two points: trials 0 (0.9, 16) and 1 (0.8, 8), one trading latency for accuracy
+FRONT = POINTS[:2]
+
+
+@pytest.fixture(scope="module")
+def front(
+    mlflow_server: str, session_ray_address: str, tmp_path_factory: pytest.TempPathFactory
+) -> tuple[Path, subprocess.CompletedProcess[str]]:
+    """One ``export --pareto --mlflow`` of a two-point front, its tracking URI holding a
+    password (the server has no auth: it ignores it); its folder and the finished process."""
+    tmp = tmp_path_factory.mktemp("front")
+    spec, _ = built_study(tmp, FRONT, fixed={"onnx": True})
+    port = mlflow_server.rsplit(":", 1)[1]
+    uri = f"http://user:{SECRET}@127.0.0.1:{port}"
+    out = tmp / "front"
+    with pytest.MonkeyPatch.context() as patch:  # joins the session's Ray (joins_session_ray)
+        patch.setenv("RAY_ADDRESS", session_ray_address)
+        proc = _cli(
+            "export", "mo", "--storage", spec.storage, "--pareto", "--seeds", "1",
+            "--out", str(out), "--results", str(tmp / "r"), "--mlflow", uri,
+            "--model-name", "mo-front", timeout=600,
+        )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
+    return out, proc
+
+
+def test_pareto_registers_one_version_per_point_tagged_with_its_trial(
+    mlflow_server: str, front: tuple[Path, subprocess.CompletedProcess[str]]
+) -> None:
+    import mlflow
+
+    out, _ = front
     versions = _versions(mlflow_server, "mo-front")
-    assert len(versions) == 3
+    assert len(versions) == len(FRONT) == 2
     by_trial = {int(v.tags["search.source_trial"]): v for v in versions}
-    assert sorted(by_trial) == [0, 1, 2]
+    assert sorted(by_trial) == [0, 1]
     assert all(v.tags["search.study"] == "mo" for v in versions)
+    assert len({v.version for v in versions}) == 2  # a version of its own per point
     for trial, version in by_trial.items():
         noted = json.loads((out / f"trial-{trial}" / "metrics.json").read_text())
         assert noted["registered_model"]["uri"] == f"models:/mo-front/{version.version}"
         assert noted["pareto"]["confirmed"]["latency_ms"]["mean"] == POINTS[trial][1]
-    import mlflow
-
     client = mlflow.MlflowClient(mlflow_server)
     # the alias names one version: the front's best on the primary objective (trial 0)
     assert client.get_model_version_by_alias("mo-front", "challenger").version == (
@@ -79,33 +101,33 @@ def _written(folder: Path) -> str:
 
 
 def test_a_tracking_uri_password_is_written_nowhere(
-    mlflow_server: str, mlflow_root: Path, tmp_path: Path
+    mlflow_server: str,
+    mlflow_root: Path,
+    front: tuple[Path, subprocess.CompletedProcess[str]],
+    tmp_path: Path,
 ) -> None:
+    """The export of :func:`front` (a URI with a password) masks it in what it prints and
+    writes it in no bundle, run, version or file of the server; a registry that refuses the
+    connection is one line, masked, exit 2."""
     import mlflow
 
-    port = mlflow_server.rsplit(":", 1)[1]
-    uri = f"http://user:{SECRET}@127.0.0.1:{port}"  # the server has no auth: it ignores it
+    out, proc = front
+    assert "user:***@127.0.0.1" in proc.stdout  # the registry is named, masked
+    assert SECRET not in proc.stdout + proc.stderr
+    assert SECRET not in _written(out)
+    client = mlflow.MlflowClient(mlflow_server)
+    versions = _versions(mlflow_server, "mo-front")
+    assert len(versions) == 2
+    for version in versions:
+        run = client.get_run(version.run_id)
+        shown = [run.data.tags, run.data.params, version.tags, version.source, version.description]
+        assert SECRET not in json.dumps(shown, default=str)
+    assert SECRET not in _written(mlflow_root)  # the server's database and every artifact
+
     spec = parse_spec(base_spec(tmp_path, study="pw", fixed={"onnx": True}))
     study = open_study(spec)
     record_spec(study, spec)
     study.add_trial(_curve_trial(0.8))
-    out = tmp_path / "bundle"
-    proc = _cli(
-        "export", "pw", "--storage", spec.storage, "--top-k", "1", "--seeds", "1",
-        "--out", str(out), "--results", str(tmp_path / "r"), "--mlflow", uri,
-        "--model-name", "pw-model", timeout=600,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "user:***@127.0.0.1" in proc.stdout  # the registry is named, masked
-    assert SECRET not in proc.stdout + proc.stderr
-    assert SECRET not in _written(out)
-    (version,) = _versions(mlflow_server, "pw-model")
-    client = mlflow.MlflowClient(mlflow_server)
-    run = client.get_run(version.run_id)
-    shown = [run.data.tags, run.data.params, version.tags, version.source, version.description]
-    assert SECRET not in json.dumps(shown, default=str)
-    assert SECRET not in _written(mlflow_root)  # the server's database and every artifact
-
     closed = f"http://user:{SECRET}@127.0.0.1:{free_port()}"  # nothing listens: refused
     proc = _cli("export", "pw", "--storage", spec.storage, "--mlflow", closed, timeout=120)
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
@@ -151,7 +173,8 @@ def _keras_study(tmp_path: Path) -> str:
 
 @pytest.mark.tf
 def test_a_keras_winner_is_registered_and_served(mlflow_server: str, tmp_path: Path) -> None:
-    pytest.importorskip("tensorflow")
+    if importlib.util.find_spec("tensorflow") is None:  # only export's process imports it
+        pytest.skip("could not import 'tensorflow'")
     import onnxruntime as ort
 
     storage = _keras_study(tmp_path)

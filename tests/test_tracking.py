@@ -250,8 +250,9 @@ def _free_port() -> int:
 
 
 @pytest.fixture
-def mlflow_server(tmp_path: Path) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
-    """A real ``mlflow server`` on 127.0.0.1 (SQLite store), its process group killable."""
+def killable_mlflow_server(tmp_path: Path) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    """A real ``mlflow server`` on 127.0.0.1 (SQLite store), its process group killable: the
+    test that kills it has one of its own, not the session's (tests/conftest.py)."""
     root = tmp_path / "server"
     root.mkdir()
     port = _free_port()
@@ -325,9 +326,9 @@ def _tracked_run(tmp: Path, uri: str, trials: int, **fixed: Any) -> Path:
 
 @pytest.mark.usefixtures("joins_session_ray")
 def test_a_server_killed_mid_study_loses_writes_not_the_study(
-    tmp_path: Path, mlflow_server: tuple[str, subprocess.Popen[bytes]]
+    tmp_path: Path, killable_mlflow_server: tuple[str, subprocess.Popen[bytes]]
 ) -> None:
-    url, server = mlflow_server
+    url, server = killable_mlflow_server
     gate = tmp_path / "gate"
     uri = url.replace("http://", f"http://bob:{SECRET}@")  # a server without auth ignores it
     spec = _tracked_run(tmp_path, uri, 5, hold_file=str(gate), hold_from=2)
