@@ -110,7 +110,7 @@ def test_twenty_kill_9s_then_a_resume_leave_a_true_study(
             first, delay = _kill_mid_trial(proc, db, after, rng)
             firsts.append(first)
         else:
-            # the first trial starts 6.5-7.6 s in on a 2-core machine (the kills mid-trial
+            # the first trial starts 4.8-8.2 s in on a 2-core machine (the kills mid-trial
             # print when): before it, kills land in Ray's start and the resume; after, in
             # ask, report and tell of the first trials (one lasts 1.5 s)
             delay = rng.uniform(1.0, 9.0)
