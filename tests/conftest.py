@@ -71,6 +71,33 @@ def run_spec(spec: Path, timeout: float = 300) -> subprocess.CompletedProcess[st
     )  # fmt: skip
 
 
+def start_run(
+    spec: Path,
+    *extra: str,
+    prefix: tuple[str, ...] = (),
+    env: dict[str, str] | None = None,
+    stdout: int = subprocess.PIPE,
+) -> subprocess.Popen[str]:
+    """``python -m search run SPEC --results DIR EXTRA`` started in a session of its own (so
+    ``os.killpg`` reaches its group), results beside the spec, after ``prefix`` (``unshare``).
+    Its output comes as text: stdout and stderr together on ``stdout``, or with ``stdout`` set
+    to ``subprocess.DEVNULL`` only stderr, on ``stderr``."""
+    command = [
+        sys.executable,
+        "-m",
+        "search",
+        "run",
+        str(spec),
+        "--results",
+        str(spec.parent / "r"),
+    ]
+    stderr = subprocess.STDOUT if stdout == subprocess.PIPE else subprocess.PIPE
+    return subprocess.Popen(
+        [*prefix, *command, *extra], cwd=REPO, stdout=stdout, stderr=stderr, text=True,
+        start_new_session=True, env=env,
+    )  # fmt: skip
+
+
 def write_spec(path: Path, data: dict[str, Any]) -> Path:
     """Writes ``data`` as a YAML spec file and returns its path."""
     path.write_text(yaml.safe_dump(data, sort_keys=False))

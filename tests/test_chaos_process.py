@@ -18,7 +18,6 @@ import re
 import signal
 import sqlite3
 import subprocess
-import sys
 import threading
 import time
 from collections import Counter
@@ -33,14 +32,14 @@ from optuna.trial import TrialState
 from search.record.resume import INTERRUPTED
 from search.run.death import SILENT
 from search.run.signals import EXIT_STATUS
-from tests.conftest import REPO, base_spec, write_spec
+from tests.conftest import REPO, base_spec, start_run, write_spec
 from tests.test_chaos import _query
 
 pytestmark = [pytest.mark.slow]
 
 BUDGET = 10
 EPOCHS = 3
-LOCK_S = 6.0
+LOCK_S = 4.0  # over a lease renewal period (2.5 s): a renewal waits for it too
 WAIT_S = 240.0  # generous: the machine may be loaded
 TRIAL_TITLES = ("ray::ImplicitFunc", "ray::_Inner")
 DIED = re.compile(re.escape(SILENT) + r" at epoch [1-3]")
@@ -49,11 +48,7 @@ DIED = re.compile(re.escape(SILENT) + r" at epoch [1-3]")
 def _driver(spec: Path) -> subprocess.Popen[str]:
     """``python -m search run`` with a local Ray of its own (not the session's)."""
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-    return subprocess.Popen(
-        [sys.executable, "-m", "search", "run", str(spec), "--results", str(spec.parent / "r")],
-        cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-        start_new_session=True, env={**env, "PYTHONPATH": str(REPO)},
-    )  # fmt: skip
+    return start_run(spec, env={**env, "PYTHONPATH": str(REPO)}, stdout=subprocess.DEVNULL)
 
 
 def _wait_for(proc: subprocess.Popen[str], what: str, done: Callable[[], bool]) -> None:
@@ -144,7 +139,7 @@ def test_killed_workers_a_locked_database_and_a_sigterm_leave_a_true_study(
         tmp_path,
         study="chaos",
         budget={"trials": BUDGET, "max_epochs": EPOCHS},
-        fixed={"sleep": 1.0},  # 10 trials x 3 epochs x 1 s, 2 at once: 15 s of trials
+        fixed={"sleep": 0.6},  # 10 trials x 3 epochs x 0.6 s, 2 at once: 9 s of trials
         asha={"enabled": False},
         sampler={"name": "random", "seed": 11},
         faults={"max_failures": 0},  # a killed worker's trial fails, with its reason

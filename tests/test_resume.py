@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -16,7 +15,7 @@ from ray.tune.schedulers import TrialScheduler
 
 from search.record.resume import FATE, INTERRUPTED, earlier_curves, fate_record, recover
 from search.run.scheduler import PruneReportingASHA
-from tests.conftest import REPO, base_spec, write_spec
+from tests.conftest import base_spec, start_run, write_spec
 
 # CLI runs join the session's Ray (tests/conftest.py)
 pytestmark = [pytest.mark.usefixtures("joins_session_ray")]
@@ -78,24 +77,8 @@ def test_recover_settles_every_open_trial_and_applies_a_decided_fate(tmp_path: P
     assert earlier_curves(study) == [{1: 0.3}, {3: 0.7}, {1: 0.5}]
 
 
-def _run(spec: Path, *extra: str) -> subprocess.Popen:
-    return subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "search",
-            "run",
-            str(spec),
-            "--results",
-            str(spec.parent / "res"),
-            *extra,
-        ],
-        cwd=REPO,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
+def _run(spec: Path, *extra: str) -> subprocess.Popen[str]:
+    return start_run(spec, *extra)
 
 
 @pytest.mark.slow
@@ -180,7 +163,11 @@ def _out(proc: subprocess.Popen, timeout: float = 300) -> str:
 
 
 @pytest.mark.slow
-def test_one_driver_per_study_and_a_resume_that_checks_the_spec(tmp_path: Path) -> None:
+def test_one_driver_per_study_a_resume_that_checks_the_spec_and_continues_the_sampler(
+    tmp_path: Path,
+) -> None:
+    """A second driver is refused; a compatible change resumes, recorded, and its sampler
+    continues instead of replaying (no x twice); an incompatible one is refused."""
     data = base_spec(
         tmp_path,
         study="owned",
@@ -214,6 +201,8 @@ def test_one_driver_per_study_and_a_resume_that_checks_the_spec(tmp_path: Path) 
     study = optuna.load_study(study_name="owned", storage=data["storage"])
     assert len(study.trials) == 4
     assert study.user_attrs["spec_history"][-1]["changed"]["budget"][1]["trials"] == 4
+    xs = [t.params["x"] for t in study.trials]
+    assert len(set(xs)) == 4, xs  # a replayed sampler would ask trial 0's x again
 
     changed = write_spec(
         tmp_path / "s.yaml", {**data, "objective": {"metric": "val_loss", "mode": "min"}}
@@ -231,17 +220,3 @@ def test_one_driver_per_study_and_a_resume_that_checks_the_spec(tmp_path: Path) 
     assert "--restart" in out
     study = optuna.load_study(study_name="owned", storage=data["storage"])
     assert study.user_attrs["spec"]["objective"]["metric"] == "val_accuracy"  # untouched
-
-
-@pytest.mark.slow
-def test_a_resumed_run_continues_the_sampler_instead_of_replaying_it(tmp_path: Path) -> None:
-    data = base_spec(
-        tmp_path, study="cont", budget={"trials": 3, "max_epochs": 1}, asha={"enabled": False}
-    )
-    spec = write_spec(tmp_path / "s.yaml", data)
-    assert _run(spec).wait(timeout=300) == 0
-    assert _run(spec, "--trials", "6").wait(timeout=300) == 0
-    xs = [
-        t.params["x"] for t in optuna.load_study(study_name="cont", storage=data["storage"]).trials
-    ]
-    assert len(xs) == 6 and len(set(xs)) == 6, xs

@@ -16,23 +16,7 @@ from optuna.trial import TrialState
 
 from search.record.resume import INTERRUPTED
 from search.run.signals import EXIT_STATUS
-from tests.conftest import REPO, base_spec, wait_for_a_running_trial, write_spec
-
-
-def _driver(spec: Path, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
-    command = [
-        sys.executable,
-        "-m",
-        "search",
-        "run",
-        str(spec),
-        "--results",
-        str(spec.parent / "r"),
-    ]
-    return subprocess.Popen(
-        command, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        start_new_session=True, env=env,
-    )  # fmt: skip
+from tests.conftest import REPO, base_spec, start_run, wait_for_a_running_trial, write_spec
 
 
 def _assert_replaced_next_run(spec: Path, storage: str, env: dict[str, str] | None = None) -> None:
@@ -58,11 +42,11 @@ def test_sigterm_ends_the_run_like_ctrl_c_and_the_next_run_replaces_its_cut_tria
     tmp_path: Path,
 ) -> None:
     data = base_spec(
-        tmp_path, budget={"trials": 2, "max_epochs": 4}, fixed={"sleep": 1.5},
+        tmp_path, budget={"trials": 2, "max_epochs": 3}, fixed={"sleep": 1.0},
         asha={"enabled": False},
     )  # fmt: skip
     spec = write_spec(tmp_path / "s.yaml", data)
-    driver = _driver(spec)
+    driver = start_run(spec)
     wait_for_a_running_trial(data["storage"], driver)
     os.kill(driver.pid, signal.SIGTERM)
     out, _ = driver.communicate(timeout=120)
@@ -80,12 +64,12 @@ def test_sigterm_to_the_process_group_with_its_own_ray_ends_the_run_as_to_the_dr
     """Slurm's ``killpg``: the run's own Ray is out of the group, so Tune stops and the run
     records and exits as with SIGTERM to the driver alone (without it: exit 1 after 60 s)."""
     data = base_spec(
-        tmp_path, budget={"trials": 2, "max_epochs": 4}, fixed={"sleep": 1.5},
+        tmp_path, budget={"trials": 2, "max_epochs": 3}, fixed={"sleep": 1.0},
         asha={"enabled": False},
     )  # fmt: skip
     spec = write_spec(tmp_path / "s.yaml", data)
     own = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
-    driver = _driver(spec, {**own, "SEARCH_NUM_CPUS": "2"})  # a Ray of its own
+    driver = start_run(spec, env={**own, "SEARCH_NUM_CPUS": "2"})  # a Ray of its own
     wait_for_a_running_trial(data["storage"], driver)
     os.killpg(driver.pid, signal.SIGTERM)
     out, _ = driver.communicate(timeout=120)
