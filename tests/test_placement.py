@@ -2,8 +2,8 @@
 
 The arithmetic is pure (``search.compute.placement``). The Ray tests run the synthetic
 ``search.testing:curve`` trainable with its tracing knobs (``trace_dir``, ``wait_for``,
-``oom_below_share``): every trial writes where and when it ran. The logical-GPU test starts
-its own Ray with 4 GPUs the machine does not have, in a subprocess (the session's shared Ray
+``oom_below_share``): every trial writes where and when it ran. The logical-GPU tests share
+one subprocess with its own Ray of 4 GPUs the machine does not have (the session's shared Ray
 has none): Ray hands out GPU ids and sets ``CUDA_VISIBLE_DEVICES`` all the same.
 """
 
