@@ -13,8 +13,9 @@ from tests.conftest import REPO
 pytestmark = [pytest.mark.slow]
 
 # Counts the raylet's children that are idle Python workers (``ray::IDLE``) in the first
-# seconds: for a run's Ray (init_ray), then for Ray's default (the control: the count does see
-# prestarted workers when there are any).
+# seconds: for Ray's default (the control: the count does see prestarted workers when there are
+# any, and times how long they take to show), then for a run's Ray (init_ray), watched twice
+# that long (3 s at least) so that workers prestarted as the control's were would be seen.
 PROBE = """
 import time
 from pathlib import Path
@@ -40,11 +41,13 @@ def first_idle(seconds: float) -> int:
         time.sleep(0.5)
     return found
 
-init_ray(None, num_cpus=2)
-ours = first_idle(8)
-ray.shutdown()
 ray.init(address="local", num_cpus=2, include_dashboard=False)
-print(ours, first_idle(30))
+start = time.monotonic()
+stock = first_idle(30)
+latency = time.monotonic() - start  # how long prestarted workers take to show, here and now
+ray.shutdown()
+init_ray(None, num_cpus=2)
+print(first_idle(max(3.0, 2 * latency)), stock)
 """
 
 

@@ -2,8 +2,8 @@
 
 The arithmetic is pure (``search.compute.placement``). The Ray tests run the synthetic
 ``search.testing:curve`` trainable with its tracing knobs (``trace_dir``, ``wait_for``,
-``oom_below_share``): every trial writes where and when it ran. The logical-GPU test starts
-its own Ray with 4 GPUs the machine does not have, in a subprocess (the session's shared Ray
+``oom_below_share``): every trial writes where and when it ran. The logical-GPU tests share
+one subprocess with its own Ray of 4 GPUs the machine does not have (the session's shared Ray
 has none): Ray hands out GPU ids and sets ``CUDA_VISIBLE_DEVICES`` all the same.
 """
 
@@ -246,20 +246,24 @@ def test_auto_on_cpu_sets_each_trials_threads_to_its_cpu_share(
     assert [t.user_attrs["device"] for t in study.trials] == ["cpu", "cpu"]
 
 
-# ---- 4 logical GPUs, in a subprocess with its own Ray ------------------------------------------
+# ---- 4 logical GPUs, in one subprocess with its own Ray ---------------------------------------
 
 DRIVER = textwrap.dedent(
     """
     import sys
     from pathlib import Path
 
+    from search.handover.export import export_study
     from search.run.runner import RunOptions, init_ray, run_study
     from search.spec.schema import load_spec
 
     init_ray(None, num_cpus=2, num_gpus=4)
     for path in sys.argv[1:]:
-        run_study(load_spec(path), RunOptions(results_dir=Path(path).parent / "results",
-                                              progress=False))
+        spec, out = load_spec(path), Path(path).parent
+        run_study(spec, RunOptions(results_dir=out / "results", progress=False))
+        if spec.study == "confirm":
+            export_study(spec.study, spec.storage, out / "export", top_k=1, seeds=1,
+                         results_dir=out / "results", log=lambda line: None)
     """
 )
 
@@ -287,26 +291,31 @@ def _max_overlap(records: list[dict]) -> int:
     return peak
 
 
-@pytest.mark.slow
-def test_half_gpus_on_four_logical_gpus_run_eight_trials_at_once(tmp_path: Path) -> None:
-    packed_trace, oom_trace = tmp_path / "packed", tmp_path / "oom"
+@pytest.fixture(scope="module")
+def on_logical_gpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One Ray of 4 logical GPUs (its start paid once) runs three studies one after the
+    other: ``packed`` (8 trials of half a GPU), ``oom`` (2 trials out of memory at a quarter
+    GPU) and ``confirm`` (1 trial, then its export's confirmation run); their folder."""
+    tmp = tmp_path_factory.mktemp("gpus")
     packed = _spec(
-        tmp_path,
+        tmp,
         "packed",
         8,
         {"cpus_per_trial": 0.25, "gpus_per_trial": 0.5},
-        {"trace_dir": str(packed_trace), "wait_for": 8},
+        {"trace_dir": str(tmp / "packed"), "wait_for": 8},
     )
     oom = _spec(
-        tmp_path,
+        tmp,
         "oom",
         2,
         {"cpus_per_trial": 0.25, "gpus_per_trial": 0.25},
-        {"trace_dir": str(oom_trace), "oom_below_share": 0.5},
+        {"trace_dir": str(tmp / "oom"), "oom_below_share": 0.5},
     )
+    resources = {"cpus_per_trial": 1, "gpus_per_trial": 0.5}
+    confirm = _spec(tmp, "confirm", 1, resources, {"trace_dir": str(tmp / "trace")})
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     done = subprocess.run(
-        [sys.executable, "-c", DRIVER, str(packed), str(oom)],
+        [sys.executable, "-c", DRIVER, str(packed), str(oom), str(confirm)],
         cwd=REPO,
         env=env,
         capture_output=True,
@@ -314,7 +323,13 @@ def test_half_gpus_on_four_logical_gpus_run_eight_trials_at_once(tmp_path: Path)
         timeout=600,
     )
     assert done.returncode == 0, done.stderr[-3000:]
+    return tmp
 
+
+@pytest.mark.slow
+def test_half_gpus_on_four_logical_gpus_run_eight_trials_at_once(on_logical_gpus: Path) -> None:
+    tmp_path = on_logical_gpus
+    packed_trace, oom_trace = tmp_path / "packed", tmp_path / "oom"
     records = [json.loads(p.read_text()) for p in packed_trace.glob("trial-*.json")]
     assert len(records) == 8 and all(r["end"] for r in records)
     # the barrier (wait_for: 8) passed, so all 8 ran at once; the trace shows it too
@@ -353,43 +368,15 @@ def test_half_gpus_on_four_logical_gpus_run_eight_trials_at_once(tmp_path: Path)
     ]
 
 
-CONFIRM_DRIVER = textwrap.dedent(
-    """
-    import sys
-    from pathlib import Path
-
-    from search.handover.export import export_study
-    from search.run.runner import RunOptions, init_ray, run_study
-    from search.spec.schema import load_spec
-
-    init_ray(None, num_cpus=2, num_gpus=1)
-    spec = load_spec(sys.argv[1])
-    out = Path(sys.argv[1]).parent
-    run_study(spec, RunOptions(results_dir=out / "results", progress=False))
-    export_study(spec.study, spec.storage, out / "export", top_k=1, seeds=1,
-                 results_dir=out / "results", log=lambda line: None)
-    """
-)
-
-
 @pytest.mark.slow
-def test_confirmation_runs_get_the_threads_and_memory_cap_of_trials(tmp_path: Path) -> None:
+def test_confirmation_runs_get_the_threads_and_memory_cap_of_trials(
+    on_logical_gpus: Path,
+) -> None:
+    tmp_path = on_logical_gpus
     trace = tmp_path / "trace"
-    resources = {"cpus_per_trial": 1, "gpus_per_trial": 0.5}
-    spec = _spec(tmp_path, "confirm", 1, resources, {"trace_dir": str(trace)})
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    done = subprocess.run(
-        [sys.executable, "-c", CONFIRM_DRIVER, str(spec)],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert done.returncode == 0, done.stderr[-3000:]
     storage = f"sqlite:///{tmp_path}/optuna.db"
     trials = optuna.load_study(study_name="confirm", storage=storage).trials
-    confirms = confirm_storage(spec.parent / "results", "confirm")  # results/confirm/confirm.db
+    confirms = confirm_storage(tmp_path / "results", "confirm")  # results/confirm/confirm.db
     confirm = optuna.load_study(study_name="confirm-confirm", storage=confirms).trials
     cap = {"threads": 1, "gpu_memory_fraction": 0.45}
     assert [t.user_attrs["limits"] for t in trials] == [cap]
