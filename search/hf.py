@@ -107,7 +107,9 @@ def _knobs(config: Mapping[str, Any]) -> dict[str, Any]:
 def train(trainer: Any, ctx: TrialContext) -> Generator[Metrics, None, Any]:
     """Runs ``trainer.train()`` once over the trial's epochs, yielding each evaluation.
 
-    Resumes from the last ``checkpoint-N`` in ``ctx.restore_dir`` when there is one. After
+    Resumes from the last ``checkpoint-N`` in ``ctx.restore_dir`` when there is one. The
+    Trainer's ``PrinterCallback`` (its log dicts printed when tqdm is off) is removed: each
+    epoch reaches the study and the run's own lines instead. After
     the last epoch it returns ``trainer.model``, so ``return (yield from train(...))`` hands
     the trained model to :func:`~search.train_to_end`.
 
@@ -121,8 +123,10 @@ def train(trainer: Any, ctx: TrialContext) -> Generator[Metrics, None, Any]:
         Exception: Whatever ``trainer.train()`` raised, in the caller.
     """
     _require()
+    from transformers import PrinterCallback
     from transformers.trainer_utils import get_last_checkpoint
 
+    trainer.remove_callback(PrinterCallback)
     handoff = _Handoff()
     trainer.add_callback(handoff.callback(saves=trainer.args.save_strategy != "no"))
     restore = ctx.restore_dir

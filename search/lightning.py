@@ -44,6 +44,8 @@ folder, but every rank calls ``save_checkpoint`` (it ends on a barrier); rank 0 
 from __future__ import annotations
 
 import importlib.util
+import logging
+import warnings
 from collections.abc import Generator, Mapping
 from pathlib import Path
 from typing import Any
@@ -55,6 +57,8 @@ CHECKPOINT_FILE = "last.ckpt"
 PRECISIONS = {"fp32": "32-true", "bf16": "bf16-mixed", "fp16": "16-mixed"}
 """The built-ins' ``precision`` knob values and Lightning's names for them."""
 _MISSING = "search.lightning needs Lightning: pip install -e '.[lightning]'"
+_RANK_ZERO_LOG = "lightning.pytorch.utilities.rank_zero"
+"""The logger of Lightning's ``rank_zero_info`` lines (GPU available, a litlogger tip, ...)."""
 
 
 def fit(
@@ -124,6 +128,7 @@ def _fit(
 ) -> Generator[Metrics, None, Any]:
     import lightning
 
+    _quiet_lightning()
     handoff = _Handoff(ctx)
     options = trainer_options(ctx, kwargs)
     if ctx.world_size > 1:
@@ -136,6 +141,21 @@ def _fit(
     name = f"lightning-fit-{ctx.trial_number}"
     yield from drive(handoff, lambda: trainer.fit(module, **loaders), name, handoff.stop)
     return module
+
+
+def _quiet_lightning() -> None:
+    """Keeps the lines Lightning prints on its own, not for the user's code, off the console.
+
+    Its ``rank_zero_info`` lines (``GPU available: False``, a litlogger tip, ``Trainer.fit
+    stopped``) go to warnings and above, unless the user set that logger's level, and the
+    FutureWarning torch raises on Lightning's own ``LeafSpec()`` is ignored. What the user's
+    module or the trainer warns of for their code is left alone.
+    """
+    log = logging.getLogger(_RANK_ZERO_LOG)
+    if log.level == logging.NOTSET:
+        log.setLevel(logging.WARNING)
+    leaf_spec = r"`isinstance\(treespec, LeafSpec\)` is deprecated"
+    warnings.filterwarnings("ignore", message=leaf_spec, category=FutureWarning)
 
 
 def _ddp_strategy(ctx: TrialContext) -> Any:
@@ -220,6 +240,7 @@ class _Handoff(Handoff):
         if saves:
             if folder is not None:
                 Path(folder).mkdir(parents=True, exist_ok=True)
-            trainer.save_checkpoint(Path(folder or ".") / CHECKPOINT_FILE)  # rank 0 writes
+            path = Path(folder or ".") / CHECKPOINT_FILE
+            trainer.save_checkpoint(path, weights_only=False)  # rank 0 writes; the whole state
         if not self.hand(metrics):
             trainer.should_stop = True

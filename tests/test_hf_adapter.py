@@ -56,6 +56,15 @@ def test_every_epoch_yields_float_eval_metrics(data: Data) -> None:
     assert not train_threads()
 
 
+def test_the_trainers_log_dicts_stay_off_the_console(
+    data: Data, capfd: pytest.CaptureFixture[str]
+) -> None:
+    ctx = TrialContext(max_epochs=1, num_threads=2)
+    assert len(list(search.hf.train(trainer(data, ctx), ctx))) == 1
+    out, err = capfd.readouterr()
+    assert "'loss'" not in out + err and "'eval_loss'" not in out + err, out + err
+
+
 def test_closing_the_generator_stops_training(data: Data) -> None:
     ctx = TrialContext(max_epochs=10, num_threads=2)
     hf = trainer(data, ctx)

@@ -81,6 +81,35 @@ def test_a_retried_trial_resumes_at_the_saved_epoch(
     assert _ran(done.value.value) == 4
 
 
+def test_lightnings_own_chatter_stays_off_the_console_and_the_users_warnings_do_not(
+    data: dict[str, np.ndarray],
+    tmp_path: Path,
+    capfd: pytest.CaptureFixture[str],
+    caplog: pytest.LogCaptureFixture,
+    recwarn: pytest.WarningsRecorder,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import logging
+    import warnings
+
+    monkeypatch.setattr(logging.getLogger(search.lightning._RANK_ZERO_LOG), "level", 0)
+    original = mlp.MLP.on_train_epoch_end
+
+    def users_own(self: Any) -> None:
+        warnings.warn("the user's own warning", UserWarning, stacklevel=2)
+        original(self)
+
+    monkeypatch.setattr(mlp.MLP, "on_train_epoch_end", users_own)
+    steps = _fit(data, TrialContext(max_epochs=2, checkpoint_dir=str(tmp_path)))
+    assert len(list(steps)) == 2
+    console = "".join(capfd.readouterr()) + caplog.text  # Lightning's handler, or pytest's
+    for chatter in ("GPU available", "TPU available", "litlogger", "weights_only", "stopped"):
+        assert chatter not in console, console
+    said = [str(w.message) for w in recwarn]
+    assert not [m for m in said if "LeafSpec" in m], said
+    assert "the user's own warning" in said
+
+
 def test_precision_knobs_map_to_lightnings_names() -> None:
     ctx = TrialContext(max_epochs=2)
     assert search.lightning.trainer_options(ctx, {"precision": "bf16"})["precision"] == (
