@@ -137,6 +137,8 @@ def test_without_inputs_json_the_graph_names_the_inputs(
     assert any(
         line.startswith("validation accuracy: not checked (no inputs.json") for line in lines
     )
+    hint = [line for line in lines if "the export hook can add it" in line]
+    assert hint and "search.write_inputs(" in hint[0] and "contract" not in hint[0]  # public
     assert lines[-1] == "OK: model.onnx runs on inputs of the declared shapes"
     proc = _script(bundle, tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -232,7 +232,9 @@ def _validation(
     source = declared.validation if declared is not None else (DATASET if builtin else None)
     if source is None:
         why = "no inputs.json" if declared is None else "inputs.json names no validation data"
-        return f"{why}; the export hook can add it: search.contract.inputs.write_inputs"
+        return (
+            f"{why}; the export hook can add it: search.write_inputs(..., validation=(x, labels))"
+        )
     if source == DATASET:
         if len(inputs) != 1:
             return f"the model has {len(inputs)} inputs; the data split feeds one"
