@@ -46,7 +46,11 @@ def _exported(tmp_path: Path, onnx_file: tuple[Path, float], mean: float) -> Pat
 
 
 def test_a_torch_winner_is_registered_promoted_checked_and_served(
-    mlflow_server: str, onnx_file: tuple[Path, float], tmp_path: Path
+    mlflow_server: str,
+    onnx_file: tuple[Path, float],
+    tmp_path: Path,
+    capfd: pytest.CaptureFixture[str],
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     import mlflow
     import onnxruntime as ort
@@ -56,6 +60,9 @@ def test_a_torch_winner_is_registered_promoted_checked_and_served(
     first = register_bundle(_exported(tmp_path / "a", onnx_file, 0.95), target, lines.append)
     second = register_bundle(_exported(tmp_path / "b", onnx_file, 0.951), target, lines.append)
     assert (first, second) == ("models:/tabular-mlp/1", "models:/tabular-mlp/2")
+    console = "".join(capfd.readouterr()) + caplog.text  # MLflow's handler, or pytest's
+    for chatter in ("Successfully registered", "Created version", "new experiment", "provider"):
+        assert chatter not in console, console  # our lines say what was registered
     assert "champion is now version 1 of tabular-mlp (the first)" in lines
     assert any(line.startswith("champion stays at version 1") for line in lines), lines
 

@@ -23,8 +23,11 @@ MLflow is imported inside the functions: ``--help`` and ``run`` never load it.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import io
 import json
+import logging
 import os
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -81,10 +84,16 @@ class Target:
 def quiet_client(uri: str) -> Any:
     """An ``MlflowClient`` on ``uri`` that gives up on an unreachable server in seconds and
     prints no URL of its own (MLflow's "View run at" line shows the URI's password; the
-    lines of :func:`register_bundle` show it masked)."""
+    lines of :func:`register_bundle` show it masked).
+
+    MLflow's info lines (a new experiment) stay off the console, as do ``mlflow.onnx``'s
+    warnings: the one it gives on logging, that this machine's onnxruntime has no CUDA
+    provider, is about the exporting machine, not the one that will serve the model."""
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "1")
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
     os.environ["MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"] = "true"
+    for name, level in (("mlflow", logging.WARNING), ("mlflow.onnx", logging.ERROR)):
+        logging.getLogger(name).setLevel(level)
     from mlflow import MlflowClient
 
     return MlflowClient(tracking_uri=uri, registry_uri=uri)
@@ -235,9 +244,10 @@ def _register(folder: Path, target: Target, log: Any) -> str:
         info = log_model(folder, read_inputs(folder))
         mlflow.log_artifacts(str(folder), BUNDLE_ARTIFACTS)
     client = quiet_client(real)
-    version = mlflow.register_model(
-        info.model_uri, target.model_name, tags=version_tags(metrics, tags, confirmed(metrics))
-    )
+    with contextlib.redirect_stderr(io.StringIO()):  # its "Successfully registered": ours below
+        version = mlflow.register_model(
+            info.model_uri, target.model_name, tags=version_tags(metrics, tags, confirmed(metrics))
+        )
     if target.alias:
         client.set_registered_model_alias(target.model_name, target.alias, version.version)
     uri = f"models:/{target.model_name}/{version.version}"
