@@ -77,6 +77,7 @@ def test_a_torch_winner_is_registered_promoted_checked_and_served(
 
     checked = check_registered("models:/tabular-mlp@champion", Target(mlflow_server, "-"))
     assert checked[-1] == "OK: models:/tabular-mlp@champion reproduces the exported accuracy"
+    assert "Downloading artifacts" not in "".join(capfd.readouterr())  # MLflow's progress bar
 
     x, _ = _val()
     expected = ort.InferenceSession(str(onnx_file[0])).run(None, {"x": x[:5]})[0]

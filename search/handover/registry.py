@@ -86,12 +86,13 @@ def quiet_client(uri: str) -> Any:
     prints no URL of its own (MLflow's "View run at" line shows the URI's password; the
     lines of :func:`register_bundle` show it masked).
 
-    MLflow's info lines (a new experiment) stay off the console, as do ``mlflow.onnx``'s
-    warnings: the one it gives on logging, that this machine's onnxruntime has no CUDA
-    provider, is about the exporting machine, not the one that will serve the model."""
+    MLflow's info lines (a new experiment) and download bars stay off the console, as do
+    ``mlflow.onnx``'s warnings: the one it gives on logging, that this machine's onnxruntime
+    has no CUDA provider, is about the exporting machine, not the one that will serve it."""
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "1")
     os.environ.setdefault("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
     os.environ["MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"] = "true"
+    os.environ.setdefault("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "false")  # check's download
     for name, level in (("mlflow", logging.WARNING), ("mlflow.onnx", logging.ERROR)):
         logging.getLogger(name).setLevel(level)
     from mlflow import MlflowClient
