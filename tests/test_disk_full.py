@@ -117,6 +117,25 @@ def test_the_study_writer_says_a_full_disk_once_with_its_cause(
     assert len(lines) == 1 and lines[0].endswith("failed: database or disk is full"), lines
 
 
+def test_a_report_that_does_not_fit_leaves_no_cut_page_and_takes_no_space(
+    disk: Path, tmp_path: Path
+) -> None:
+    """The page (plotly.js embedded, megabytes) meets ENOSPC: no half page, the space back."""
+    import os
+
+    from search.report.html import write_report
+
+    study = optuna.create_study(study_name="s", storage=f"sqlite:///{tmp_path}/s.db")
+    study.tell(study.ask({"x": optuna.distributions.FloatDistribution(0, 1)}), 0.5)
+    (disk / "s").mkdir()
+    free = os.statvfs(disk).f_bfree
+    with pytest.raises(OSError) as info:
+        write_report(study, disk, pngs=False)
+    assert disk_full(info.value) is not None
+    assert list((disk / "s").iterdir()) == []  # neither report.html nor its part
+    assert os.statvfs(disk).f_bfree == free
+
+
 def _run(spec: Path, results: Path) -> list[str]:
     return [sys.executable, "-m", "search", "run", str(spec), "--results", str(results)]
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import html
 import math
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -318,10 +319,22 @@ def write_report(
         figures = {**plotly_figures(study), "metrics": metric_curves(folder / EPOCHS_FILE, shown)}
         page = render(study, figures, confirm)
         path = folder / "report.html"
-        path.write_text(page, encoding="utf-8")
+        _write_whole(path, page)
         if drawn is not None:
             drawn()
     return path
+
+
+def _write_whole(path: Path, text: str) -> None:
+    """Writes ``path`` whole or not at all: the page goes to a file beside it, renamed over
+    ``path`` once written. A write that fails (a full disk) removes that file, so neither a
+    cut page nor the space it took is left behind, and an earlier whole page stays."""
+    part = path.with_name(f".{path.name}.part")
+    try:
+        part.write_text(text, encoding="utf-8")
+        os.replace(part, path)
+    finally:
+        part.unlink(missing_ok=True)
 
 
 def report_study(
