@@ -1,11 +1,15 @@
-"""The four user projects under ``examples/``, end to end as a new user runs them:
-``run`` (small budget), ``export`` (one config, one seed), then ``train`` of the bundle."""
+"""The five user projects under ``examples/``, end to end as a new user runs them:
+``run`` (small budget), ``export`` (one config, one seed), then ``train`` of the bundle,
+two examples at a time."""
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
@@ -13,7 +17,7 @@ import pytest
 
 from tests.conftest import REPO
 
-pytestmark = [pytest.mark.slow, pytest.mark.usefixtures("joins_session_ray")]
+pytestmark = [pytest.mark.slow]
 
 EXAMPLES = {
     # folder: (study, objective, another metric it yields, the model file its hook writes)
@@ -23,73 +27,88 @@ EXAMPLES = {
     "csv_regression": ("diabetes-sgd", "val_rmse", "train_rmse", "model.pkl"),
     "hf_text": ("tokens-bert", "eval_loss", "eval_accuracy", "model.safetensors"),
 }
+NEEDS = {"keras_fit": "tensorflow", "hf_text": "transformers", "lightning_mlp": "lightning"}
+"""The package an example needs beyond the core install (its test skips without it)."""
+
+LONGEST_FIRST = ["lightning_mlp", "keras_fit", "hf_text", "torch_mlp", "csv_regression"]
+"""The order the examples start in (measured here), so that two at a time end together."""
 
 
-def _cli(*args: str) -> subprocess.CompletedProcess:
+@dataclass
+class Pipeline:
+    """What ``run``, ``export`` and ``train`` of one example did, and where."""
+
+    storage: str
+    results: Path
+    bundle: Path
+    commands: dict[str, subprocess.CompletedProcess]
+
+
+def _cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "search", *args],
-        cwd=REPO,
-        text=True,
-        capture_output=True,
-        timeout=600,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
-    )
+        cwd=REPO, text=True, capture_output=True, timeout=600, env=env,
+    )  # fmt: skip
+
+
+def _pipeline(example: str, folder: Path, env: dict[str, str]) -> Pipeline:
+    """``run`` (a small budget), ``export`` (one config, one seed), ``train`` of the bundle;
+    each command only after the one before it succeeded."""
+    study = EXAMPLES[example][0]
+    done = Pipeline(f"sqlite:///{folder}/o.db", folder / "results", folder / "bundle", {})
+    where = ["--storage", done.storage, "--results", str(done.results)]
+    steps = {
+        "run": ["run", f"examples/{example}/space.yaml", "--trials", "2", "--max-epochs", "3"],
+        "export": ["export", study, "--top-k", "1", "--seeds", "1", "--out", str(done.bundle)],
+        "train": ["train", str(done.bundle / "config.yaml")],
+    }
+    for name, args in steps.items():
+        done.commands[name] = _cli(env, *args, *(where if name != "train" else []))
+        if done.commands[name].returncode != 0:
+            break
+    return done
+
+
+@pytest.fixture(scope="module")
+def pipelines(
+    session_ray_address: str, tmp_path_factory: pytest.TempPathFactory
+) -> dict[str, Pipeline]:
+    """Every example whose packages are installed, two at a time: each command is mostly
+    its own imports on one core, so a second pipeline uses the other (2.7 min one at a
+    time here). Their drivers join the session's Ray."""
+    env = {**os.environ, "PYTHONPATH": str(REPO), "RAY_ADDRESS": session_ray_address}
+    ready = [e for e in LONGEST_FIRST if e not in NEEDS or importlib.util.find_spec(NEEDS[e])]
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        futures = {e: pool.submit(_pipeline, e, tmp_path_factory.mktemp(e), env) for e in ready}
+        return {example: future.result() for example, future in futures.items()}
 
 
 @pytest.mark.parametrize("example", sorted(EXAMPLES))
-def test_an_example_runs_exports_and_trains_again(example: str, tmp_path: Path) -> None:
-    if example == "keras_fit":
-        pytest.importorskip("tensorflow")
-    if example == "hf_text":
-        pytest.importorskip("transformers")
-    if example == "lightning_mlp":
-        pytest.importorskip("lightning")
+def test_an_example_runs_exports_and_trains_again(
+    example: str, pipelines: dict[str, Pipeline]
+) -> None:
+    if example not in pipelines:
+        pytest.skip(f"{NEEDS[example]} is not installed")
     study, objective, other, model_file = EXAMPLES[example]
-    storage, results = f"sqlite:///{tmp_path}/o.db", tmp_path / "results"
-    spec = f"examples/{example}/space.yaml"
-    run = _cli(
-        "run",
-        spec,
-        "--trials",
-        "2",
-        "--max-epochs",
-        "3",
-        "--storage",
-        storage,
-        "--results",
-        str(results),
-    )
+    done = pipelines[example]
+    run = done.commands["run"]
     assert run.returncode == 0, run.stderr[-2000:]
-    trials = pd.read_csv(results / study / "trials.csv")
+    trials = pd.read_csv(done.results / study / "trials.csv")
     assert (trials["state"] == "COMPLETE").any()
     assert f"metric_{other}" in trials.columns  # every metric yielded is kept
-    epochs = pd.read_csv(results / study / "epochs.csv")
+    epochs = pd.read_csv(done.results / study / "epochs.csv")
     assert {objective, other} <= set(epochs["metric"])
-    page = (results / study / "report.html").read_text()
+    page = (done.results / study / "report.html").read_text()
     assert 'id="metrics"' in page and 'id="metrics-2"' in page  # a plot per metric
 
-    out = tmp_path / "bundle"
-    export = _cli(
-        "export",
-        study,
-        "--storage",
-        storage,
-        "--top-k",
-        "1",
-        "--seeds",
-        "1",
-        "--out",
-        str(out),
-        "--results",
-        str(results),
-    )
+    export = done.commands["export"]
     assert export.returncode == 0, export.stderr[-2000:]
     assert {model_file, "inputs.json", "config.yaml", "MODEL_CARD.md"} <= {
-        p.name for p in out.iterdir()
+        p.name for p in done.bundle.iterdir()
     }
-    card = (out / "MODEL_CARD.md").read_text()
+    card = (done.bundle / "MODEL_CARD.md").read_text()
     assert "digits" not in card and "NCHW" not in card and " nan" not in card
 
-    again = _cli("train", str(out / "config.yaml"))
+    again = done.commands["train"]
     assert again.returncode == 0, again.stderr[-2000:]
     assert "reproduces the exported" in again.stdout
