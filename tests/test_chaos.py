@@ -1,4 +1,5 @@
-"""Chaos: the driver is killed with ``kill -9`` at random moments, 20 times, then resumed.
+"""Chaos: the driver is killed with ``kill -9`` at random moments, 10 times (``SEARCH_CHAOS_KILLS``
+sets another count: 20 is the full drill), then resumed.
 
 Real processes (``python -m search run``), real Ray, a SQLite study. Most kills fall wherever
 a delay drawn from a seeded generator lands: in the start-up and the resume itself, in ``ask``,
@@ -32,7 +33,8 @@ from tests.conftest import REPO, base_spec, start_run, write_spec
 
 pytestmark = [pytest.mark.slow]
 
-KILLS = 20
+KILLS = int(os.environ.get("SEARCH_CHAOS_KILLS", "10"))
+"""10 in ``make test`` (about a minute here): 3 of them mid-trial, 2 as PID 1."""
 BUDGET = 10
 NAMESPACED = ("unshare", "--pid", "--fork", "--mount-proc")
 
@@ -85,7 +87,7 @@ def _kill_mid_trial(
     return first, time.monotonic() - start
 
 
-def test_twenty_kill_9s_then_a_resume_leave_a_true_study(
+def test_kill_9s_then_a_resume_leave_a_true_study(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], session_ray_address: str
 ) -> None:
     namespaces = bool(shutil.which("unshare")) and os.geteuid() == 0
