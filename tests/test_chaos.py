@@ -34,7 +34,7 @@ from tests.conftest import REPO, base_spec, start_run, write_spec
 pytestmark = [pytest.mark.slow]
 
 KILLS = int(os.environ.get("SEARCH_CHAOS_KILLS", "10"))
-"""10 in ``make test`` (about a minute here): 3 of them mid-trial, 2 as PID 1."""
+"""10 in ``make test`` (92 s alone here): 3 of them mid-trial, 2 as PID 1."""
 BUDGET = 10
 NAMESPACED = ("unshare", "--pid", "--fork", "--mount-proc")
 
