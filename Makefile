@@ -5,6 +5,9 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 SPEC   ?= spaces/cnn.yaml
 PYTEST_ARGS ?=
+# Two pytest-xdist workers, whole files each, slowest first (tests/conftest.py): the CPUs sit a
+# third idle in a serial run, on trials that wait. TEST_WORKERS=0 runs the suite in one process.
+TEST_WORKERS ?= 2
 
 .PHONY: run test lint install clean
 
@@ -20,7 +23,7 @@ run: $(STAMP)
 	$(PY) -m search run $(SPEC)
 
 test: $(STAMP)
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check search trainables tests benchmarks scripts examples

@@ -28,6 +28,48 @@ except ImportError:  # a run without the torch extra still collects the framewor
 REPO = Path(__file__).resolve().parents[1]
 
 
+SLOWEST_FIRST = (
+    # file: its time alone here, in a serial run of the whole suite (seconds, 2026-12-03)
+    "test_examples.py",  # 158
+    "test_tf_trainables.py",  # 108
+    "test_registry_export.py",  # 98
+    "test_chaos.py",  # 75
+    "test_multiobjective.py",  # 61
+    "test_run_e2e.py",  # 60
+    "test_cluster.py",  # 54
+    "test_placement.py",  # 52
+    "test_resume.py",  # 50
+    "test_tracking.py",  # 50
+    "test_mistakes.py",  # 50
+    "test_sigterm.py",  # 39
+    "test_ddp.py",  # 39
+    "test_export.py",  # 39
+    "test_chaos_process.py",  # 39
+    "test_cli.py",  # 35
+    "test_lightning_ddp.py",  # 30
+    "test_torch_trainables.py",  # 28
+    "test_warm_start.py",  # 27
+    "test_pareto_export.py",  # 25
+    "test_data_once.py",  # 24
+    "test_lease.py",  # 22
+    "test_budget.py",  # 22
+    "test_quality.py",  # 21
+    "test_local_ray.py",  # 21
+)
+"""The files that take longest, longest first: ``make test`` hands whole files to two
+pytest-xdist workers in this order (``--dist loadfile``, so a module's fixtures run once), and
+a long file that starts last would leave one worker alone at the end."""
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """In a pytest-xdist worker, the files of :data:`SLOWEST_FIRST` first, in its order (every
+    worker collects, and sorts, alike); the rest after them, as collected."""
+    if not hasattr(config, "workerinput"):
+        return
+    rank = {name: i for i, name in enumerate(SLOWEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
+
+
 @pytest.fixture(autouse=True)
 def _seeded() -> None:
     random.seed(0)
