@@ -19,6 +19,7 @@ import optuna
 
 from search.errors import DiskFullError, disk_full, one_line
 from search.record.bulk import BulkReadRDBStorage
+from search.record.sqlite_file import create_whole, repair_indexes
 
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 SQLITE_TIMEOUT_S = 60
@@ -129,17 +130,20 @@ def with_driver(url: str) -> str:
 
 def open_storage(url: str) -> optuna.storages.BaseStorage:
     """An Optuna storage for ``url`` that reads many trials fast (:mod:`search.record.bulk`);
-    SQLite files get their folder, WAL and a busy timeout."""
+    SQLite files get their folder, WAL, a busy timeout and a schema a kill cannot leave half
+    made (:mod:`search.record.sqlite_file`)."""
     real = with_driver(expand(url))
     if not real.startswith("sqlite:///"):
         return BulkReadRDBStorage(real, heartbeat_interval=None)
     path = Path(real.removeprefix("sqlite:///"))
     path.parent.mkdir(parents=True, exist_ok=True)
+    create_whole(path)  # never half a schema, whenever a driver is killed
     storage = BulkReadRDBStorage(
         real, engine_kwargs={"connect_args": {"timeout": SQLITE_TIMEOUT_S}}
     )
     with storage.engine.connect() as conn:  # WAL: readers and the writer no longer block
         conn.exec_driver_sql("PRAGMA journal_mode=WAL")
+    repair_indexes(storage)
     return storage
 
 
