@@ -23,6 +23,7 @@ import uuid
 from pathlib import Path
 
 import optuna
+import sqlalchemy
 from optuna.storages._rdb import models  # the schema's tables and indexes (no public name)
 
 from search.errors import SearchError
@@ -96,7 +97,7 @@ def repair_indexes(storage: optuna.storages.RDBStorage) -> None:
     try:
         for index in missing:
             index.create(storage.engine, checkfirst=True)
-    except Exception as exc:  # sqlalchemy's IntegrityError: names still repeated
+    except sqlalchemy.exc.IntegrityError as exc:  # names still repeated; other errors rise as such
         raise SearchError(
             f"storage {storage.url}: a study name appears more than once, with trials in each "
             "(the file was made by a driver killed while it created it): copy the studies "
