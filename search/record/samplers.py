@@ -12,13 +12,18 @@ from typing import TYPE_CHECKING, Any
 import optuna
 from optuna.trial import TrialState
 
+from search.record.auto import AutoSampler
 from search.record.history import BoundedTPESampler
 from search.record.resume import interrupted
 from search.spec.pinned import PINNED
-from search.spec.space import grid
+from search.spec.space import grid, order
 
 if TYPE_CHECKING:
     from search.spec.schema import StudySpec
+
+SAMPLER = "sampler"
+"""Study user attribute: the sampler's name, seed, every argument, the Optuna version that
+first ran it (:func:`describe`), and an ``auto`` sampler's plan (:func:`configure`)."""
 
 
 class _Grid(optuna.samplers.GridSampler):
@@ -84,6 +89,8 @@ def build_sampler(
     TPE runs multivariate and grouped (conditional parameters get their own groups) with the
     constant liar, so trials proposed while others still run do not all pile onto one point;
     past :data:`~search.record.history.HISTORY_LIMIT` trials it models a bounded history.
+    ``auto`` is TPE with the plan for one trial at a time until :func:`configure` gives it
+    the run's concurrency (:mod:`search.record.auto`).
 
     Example:
         >>> build_sampler(spec)  # doctest: +SKIP
@@ -91,6 +98,9 @@ def build_sampler(
     """
     seed = None if spec.sampler.seed is None else spec.sampler.seed + offset
     name, args = spec.sampler.name, sampler_args(spec, stored)
+    if name == "auto":
+        searched = [n for n in order(spec.space) if spec.space[n].kind != "fixed"]
+        return AutoSampler(searched, seed, args)
     if name == "tpe":
         with warnings.catch_warnings():  # group and constant_liar are "experimental" since 2.x
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
@@ -100,6 +110,20 @@ def build_sampler(
     if name == "cmaes":
         return optuna.samplers.CmaEsSampler(seed=seed, warn_independent_sampling=False, **args)
     return _Grid(grid(spec.space), seed=seed)
+
+
+def configure(study: optuna.Study, concurrency: int) -> None:
+    """Tells the study's sampler how many trials run at once, before its first ask; an
+    ``auto`` sampler chooses its plan for it, and the study records the plan (user attribute
+    ``sampler``, key ``plan``: a resume on another cluster records its own)."""
+    sampler = study.sampler
+    if not isinstance(sampler, AutoSampler):
+        return
+    sampler.configure(concurrency)
+    plan = sampler.describe()
+    described = dict(study.user_attrs.get(SAMPLER) or {})
+    if described.get("plan") != plan:
+        study.set_user_attr(SAMPLER, {**described, "plan": plan})
 
 
 def describe(spec: StudySpec, stored: Mapping[str, Any] | None = None) -> dict[str, Any]:

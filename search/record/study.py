@@ -11,16 +11,12 @@ import optuna
 
 from search.errors import SearchError
 from search.record.lease import StudyLease
-from search.record.samplers import build_sampler, describe
+from search.record.samplers import SAMPLER, build_sampler, describe
 from search.record.storage import open_storage, redact, redacted_spec
 from search.spec.derive import incompatible_change
 
 if TYPE_CHECKING:
     from search.spec.schema import StudySpec
-
-SAMPLER = "sampler"
-"""Study user attribute: the sampler's name, seed, every argument and the Optuna version that
-first ran it (:func:`search.record.samplers.describe`)."""
 
 CONFIRM_SUFFIX = "-confirm"
 """The confirmation runs of study ``X`` are the trials of study ``X-confirm``."""

@@ -29,6 +29,7 @@ from search.contract import declarations
 from search.record.fate import DISK_FULL, TERMINATED
 from search.record.queries import EPOCHS_FILE, append_epochs, objective_curves, read_epochs
 from search.record.resume import earlier_curves
+from search.record.samplers import configure
 from search.record.warm import pending_start
 from search.record.writeback import WriteBehindStorage
 from search.run.bridge import ErrorCallback, OptunaBridge, Outcome
@@ -82,6 +83,7 @@ def fit(
     if options.verbose == 0:  # trial errors reach the study and the console as one line each
         logging.getLogger("ray.tune").setLevel(logging.CRITICAL)
     placement = place(spec, data)
+    configure(study, placement.concurrency)  # an auto sampler's plan for K trials at once
     if options.progress and placement.note:
         print(placement.note, file=sys.stderr)
     watch = FailFast(min(FIRST, budget))

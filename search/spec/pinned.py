@@ -18,14 +18,17 @@ from __future__ import annotations
 
 from typing import Any
 
+_TPE = {
+    "multivariate": True,
+    "group": True,
+    "constant_liar": True,
+    "n_startup_trials": 10,
+    "n_ei_candidates": 24,
+}
+
 PINNED: dict[str, dict[str, Any]] = {
-    "tpe": {
-        "multivariate": True,
-        "group": True,
-        "constant_liar": True,
-        "n_startup_trials": 10,
-        "n_ei_candidates": 24,
-    },
+    "auto": _TPE,  # TPE's, which the plan for the run's concurrency then sets (record/auto.py)
+    "tpe": _TPE,
     "random": {},
     "cmaes": {
         "n_startup_trials": 1,

@@ -135,7 +135,7 @@ class AshaSpec(_Strict):
 class SamplerSpec(_Strict):
     """Optuna's sampler: how the next config is proposed."""
 
-    name: Literal["tpe", "random", "cmaes", "grid"] = "tpe"
+    name: Literal["auto", "tpe", "random", "cmaes", "grid"] = "auto"
     seed: int | None = 0
     args: dict[str, Any] = {}
     """Arguments of the sampler that override the ones the project pins

@@ -1,0 +1,164 @@
+"""``sampler: {name: auto}``: TPE set for the number of trials that run at once.
+
+One trial at a time, TPE is at its best as the project pins it (multivariate, grouped, ten
+random configs first). With K trials at once three things go wrong, each measured on the
+published tables of ``benchmarks/quality.py``:
+
+- the first K configs are proposed before any result, and Optuna counts only *finished*
+  trials towards ``n_startup_trials``, so at K = 16 about a quarter of the first 100 configs
+  are independent random draws: the start here is a space-filling batch
+  (:mod:`search.record.spacefill`) of ``max(K, n_startup_trials)`` configs, and the model
+  takes over as soon as one trial has finished;
+- the constant liar counts every running trial as a bad result, and with K of them in the
+  region the model likes, the next proposal is pushed away from it (over-exploration); here
+  running trials are not lied about, and a proposal skips configs already running or done
+  (:mod:`search.record.distinct`);
+- the sampler was built before the runner knew K: :meth:`AutoSampler.configure` takes it from
+  the runner before the first ask, and the study records the :class:`Plan` it chose.
+
+Example:
+    >>> plan_for(1)
+    Plan(concurrency=1, start=10, spacefill=False, constant_liar=True, distinct=False)
+    >>> plan_for(16)
+    Plan(concurrency=16, start=16, spacefill=True, constant_liar=False, distinct=True)
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import optuna
+from optuna.distributions import BaseDistribution
+from optuna.samplers import BaseSampler
+from optuna.trial import FrozenTrial, TrialState
+
+from search.record.distinct import DistinctTPESampler
+from search.record.history import BoundedTPESampler
+from search.record.spacefill import SpaceFilling
+
+PARALLEL_FROM = 2
+"""The concurrency from which :func:`plan_for` chooses the parallel plan."""
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How :class:`AutoSampler` proposes, for ``concurrency`` trials at once.
+
+    Args:
+        concurrency: Trials at once the plan was chosen for.
+        start: Configs proposed before the model: the first ``start`` asked, and every one
+            asked while no trial has finished.
+        spacefill: The start's configs are space-filling (Sobol) rather than random, and the
+            model takes over once one trial has finished (else: once ``start`` have).
+        constant_liar: TPE counts running trials as bad results.
+        distinct: TPE skips candidates that repeat a config of the study.
+    """
+
+    concurrency: int
+    start: int
+    spacefill: bool
+    constant_liar: bool
+    distinct: bool
+
+
+def plan_for(concurrency: int, n_startup_trials: int = 10) -> Plan:
+    """The plan for ``concurrency`` trials at once (see the module's text)."""
+    if concurrency < PARALLEL_FROM:
+        return Plan(concurrency, n_startup_trials, False, True, False)
+    return Plan(concurrency, max(concurrency, n_startup_trials), True, False, True)
+
+
+class AutoSampler(BaseSampler):
+    """TPE with the :class:`Plan` of :func:`plan_for` (the module's text says why).
+
+    Args:
+        names: The space's parameters, in order (the start's dimensions).
+        seed: Seeds the start and TPE.
+        tpe_args: TPE's pinned arguments (``constant_liar`` and ``n_startup_trials`` come
+            from the plan).
+        concurrency: Trials at once, until :meth:`configure` says otherwise.
+    """
+
+    def __init__(
+        self,
+        names: Sequence[str],
+        seed: int | None,
+        tpe_args: dict[str, Any],
+        concurrency: int = 1,
+    ) -> None:
+        self._names, self._seed, self._tpe_args = list(names), seed, dict(tpe_args)
+        self._fill = SpaceFilling(self._names, seed)
+        self._starting: set[int] = set()  # the trials the start proposes
+        self._informed = False  # a trial has finished: the model may take over
+        self.configure(concurrency)
+
+    def configure(self, concurrency: int) -> Plan:
+        """Chooses the plan for ``concurrency`` trials at once; call before the first ask."""
+        startup = int(self._tpe_args.get("n_startup_trials", 10))
+        self.plan = plan_for(max(1, concurrency), startup)
+        args = {**self._tpe_args, "constant_liar": self.plan.constant_liar}
+        if self.plan.spacefill:
+            args["n_startup_trials"] = 0  # the start below decides when TPE takes over
+        cls = DistinctTPESampler if self.plan.distinct else BoundedTPESampler
+        with warnings.catch_warnings():  # group and constant_liar are "experimental"
+            warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
+            self._model: BaseSampler = cls(seed=self._seed, **args)
+        return self.plan
+
+    def describe(self) -> dict[str, Any]:
+        """What the study records of the plan (the ``sampler`` user attribute's ``plan``)."""
+        return asdict(self.plan)
+
+    def before_trial(self, study: optuna.Study, trial: FrozenTrial) -> None:
+        if self.plan.spacefill and not self._informed:
+            self._informed = _finished(study)
+        if self.plan.spacefill and (trial.number < self.plan.start or not self._informed):
+            self._starting.add(trial.number)
+        self._model.before_trial(study, trial)
+
+    def infer_relative_search_space(
+        self, study: optuna.Study, trial: FrozenTrial
+    ) -> dict[str, BaseDistribution]:
+        if trial.number in self._starting:
+            return {}
+        return self._model.infer_relative_search_space(study, trial)
+
+    def sample_relative(
+        self, study: optuna.Study, trial: FrozenTrial, search_space: dict[str, BaseDistribution]
+    ) -> dict[str, Any]:
+        if trial.number in self._starting:
+            return {}
+        return self._model.sample_relative(study, trial, search_space)
+
+    def sample_independent(
+        self,
+        study: optuna.Study,
+        trial: FrozenTrial,
+        param_name: str,
+        param_distribution: BaseDistribution,
+    ) -> Any:
+        if trial.number in self._starting:
+            return self._fill.value(trial.number, param_name, param_distribution)
+        return self._model.sample_independent(study, trial, param_name, param_distribution)
+
+    def after_trial(
+        self,
+        study: optuna.Study,
+        trial: FrozenTrial,
+        state: TrialState,
+        values: Sequence[float] | None,
+    ) -> None:
+        self._starting.discard(trial.number)
+        self._model.after_trial(study, trial, state, values)
+
+    def reseed_rng(self) -> None:
+        self._model.reseed_rng()
+
+
+def _finished(study: optuna.Study) -> bool:
+    """Whether a trial of ``study`` has finished with a value TPE models."""
+    states = (TrialState.COMPLETE, TrialState.PRUNED)
+    return bool(study._get_trials(deepcopy=False, states=states, use_cache=False))
