@@ -9,7 +9,7 @@ PYTEST_ARGS ?=
 # third idle in a serial run, on trials that wait. TEST_WORKERS=0 runs the suite in one process.
 TEST_WORKERS ?= 2
 
-.PHONY: run test docs lint install clean
+.PHONY: run test test-fast docs lint install clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -24,6 +24,12 @@ run: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
+
+# The quick loop: unit tests and doctests, no Ray, no PyTorch or TensorFlow, nothing over 5 s a
+# file (tests/conftest.py marks a test that uses the session's Ray as `ray`).
+FAST := not slow and not ray and not torch and not tf
+test-fast: $(STAMP)
+	$(PY) -m pytest -n 0 -m "$(FAST)" $(PYTEST_ARGS)
 
 # The documentation site (docs/, mkdocs.yml) into site/; --strict fails on a broken link, a
 # missing anchor or an API reference that does not resolve. `make test` builds it too
