@@ -54,6 +54,7 @@ SLOWEST_FIRST = (
     "test_lease.py",  # 22
     "test_budget.py",  # 22
     "test_quality.py",  # 21
+    "test_docs.py",  # 20 (measured alone)
     "test_local_ray.py",  # 21
 )
 """The files that take longest, longest first: ``make test`` hands whole files to two

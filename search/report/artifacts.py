@@ -91,11 +91,6 @@ class CurveFigure:
         self.fig.savefig(path, dpi=80)
 
 
-def draw_curves(curves: Curves, title: str, path: Path) -> None:
-    """``curves`` as one PNG at ``path``, one panel per metric."""
-    CurveFigure(tuple(sorted(curves))).draw(curves, title, path)
-
-
 def write_table(curves: Curves, path: Path) -> None:
     """The curves as a CSV table: one row per epoch, one column per metric."""
     names = sorted(curves)
