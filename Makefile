@@ -27,9 +27,12 @@ test: $(STAMP)
 
 # The quick loop: unit tests and doctests, no Ray, no PyTorch or TensorFlow, nothing over 5 s a
 # file (tests/conftest.py marks a test that uses the session's Ray as `ray`).
+# A file whose module-level `pytestmark` carries one of those marks has no test left: it is not
+# even imported (TensorFlow's import alone would cost more than most of the loop).
 FAST := not slow and not ray and not torch and not tf
+FAST_SKIP := $(shell grep -lE '^pytestmark = .*pytest\.mark\.(slow|ray|torch|tf)\b' tests/test_*.py)
 test-fast: $(STAMP)
-	$(PY) -m pytest -n 0 -m "$(FAST)" $(PYTEST_ARGS)
+	$(PY) -m pytest -n 0 -m "$(FAST)" $(addprefix --ignore=,$(FAST_SKIP)) $(PYTEST_ARGS)
 
 # The documentation site (docs/, mkdocs.yml) into site/; --strict fails on a broken link, a
 # missing anchor or an API reference that does not resolve. `make test` builds it too
