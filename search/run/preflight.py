@@ -228,7 +228,7 @@ def _refused_token(texts: list[str]) -> bool:
 def join_ray(address: str) -> None:
     """Connects this driver to the Ray cluster at ``address``, one line if it cannot.
 
-    Ray retries a refused token for about 20 s, logging a line a second; one direct attempt
+    Ray retries a refused token for many seconds, logging a line a second; one direct attempt
     first makes that case fail at once, and those lines are kept off the console.
     """
     refused = (
