@@ -487,7 +487,7 @@ def _exit_now(code: object) -> NoReturn:
 
     Threads still running are waited for, the exit hooks run (Ray's shutdown, logging's
     flush), the output is flushed; then the process ends. What is skipped is the interpreter
-    tearing down every module and Ray's C++ core object by object: measured here, 2.4 s after
+    tearing down every module and Ray's C++ core object by object, which took seconds after
     every ``run``, once every file was written and closed."""
     if isinstance(code, str):  # SystemExit("message"): the message, and status 1
         print(code, file=sys.stderr)

@@ -54,6 +54,7 @@ SLOWEST_FIRST = (
     "test_lease.py",  # 22
     "test_budget.py",  # 22
     "test_quality.py",  # 21
+    "test_docs.py",  # 20 (measured alone)
     "test_local_ray.py",  # 21
 )
 """The files that take longest, longest first: ``make test`` hands whole files to two
@@ -61,9 +62,19 @@ pytest-xdist workers in this order (``--dist loadfile``, so a module's fixtures 
 a long file that starts last would leave one worker alone at the end."""
 
 
+NEEDS_RAY = frozenset({"ray_local", "session_ray_address", "joins_session_ray"})
+"""Fixtures that start the session's Ray: a test using one is marked ``ray``, whatever its file
+says, so ``make test-fast`` (``-m "not ray ..."``) never starts a Ray."""
+
+
+@pytest.hookimpl(tryfirst=True)  # before ``-m`` deselects by the marks added here
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """In a pytest-xdist worker, the files of :data:`SLOWEST_FIRST` first, in its order (every
-    worker collects, and sorts, alike); the rest after them, as collected."""
+    """Marks ``ray`` every test that uses a fixture of :data:`NEEDS_RAY`; then, in a
+    pytest-xdist worker, the files of :data:`SLOWEST_FIRST` first, in its order (every worker
+    collects, and sorts, alike); the rest after them, as collected."""
+    for item in items:
+        if NEEDS_RAY & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.ray)
     if not hasattr(config, "workerinput"):
         return
     rank = {name: i for i, name in enumerate(SLOWEST_FIRST)}

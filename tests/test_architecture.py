@@ -237,3 +237,17 @@ def test_the_cycle_check_catches_a_cycle() -> None:
     }
     assert cycles(edges) == [["search.run.a", "search.run.b", "search.run.c"]]
     assert cycles({"search.run.a": {"search.run.b"}}) == []
+
+
+def test_only_the_package_root_lists_public_names() -> None:
+    """The public face is ``search/__init__.py``'s ``__all__``; an ``__all__`` in an internal
+    layer's ``__init__`` would be a second one, which users would read as a promise."""
+    internal = ("handover", "report", "run", "compute", "record", "spec", "contract")
+    listing = []
+    for package in internal:
+        tree = ast.parse((ROOT / package / "__init__.py").read_text())
+        for node in ast.walk(tree):
+            targets = node.targets if isinstance(node, ast.Assign) else []
+            if any(isinstance(t, ast.Name) and t.id == "__all__" for t in targets):
+                listing.append(package)
+    assert listing == []

@@ -15,6 +15,8 @@ from optuna.trial import TrialState
 from search.record.bulk import BulkReadRDBStorage, read_trials
 from search.record.storage import open_storage
 
+pytestmark = pytest.mark.slow  # over 5 s here: make test-fast leaves it out
+
 
 def _plain(trial: optuna.trial.FrozenTrial) -> dict[str, Any]:
     """A trial's fields, comparable with ``==`` (NaN made a string)."""

@@ -34,6 +34,8 @@ from search.report.dashboard import dashboard_app, publish_study, study_note
 from search.run.output import attach_output
 from tests.conftest import REPO
 
+pytestmark = pytest.mark.slow  # over 5 s here: make test-fast leaves it out
+
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 SPACE = {"lr": FloatDistribution(1e-4, 1e-1, log=True)}
 

@@ -97,3 +97,12 @@ def test_train_to_end_keeps_an_early_return_and_says_what_is_missing() -> None:
         train_to_end(forgets, {}, None, ctx)
     with pytest.raises(RuntimeError, match="training failed: loss is nan at epoch 1"):
         train_to_end(explodes, {}, None, ctx)
+
+
+def test_a_trainable_without_an_export_hook_is_pointed_at_train_exporter() -> None:
+    """The refusal names the public way to declare a hook, not an internal module."""
+    from search.handover.train import no_hook
+
+    line = no_hook("mod:fn")
+    assert "@train.exporter" in line and "search.trainable" in line
+    assert "search/" not in line and "\n" not in line

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 from unittest import mock
 
+import pytest
 import yaml
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
@@ -23,6 +24,8 @@ from typer.testing import CliRunner
 from search.cli import app
 from search.errors import SpecError
 from search.spec.schema import StudySpec, load_spec, parse_spec
+
+pytestmark = pytest.mark.slow  # over 5 s here: make test-fast leaves it out
 
 SOURCE = "fuzz.yaml"
 FAST = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])

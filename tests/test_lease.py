@@ -20,6 +20,8 @@ from search.record.lease import StudyBusyError, StudyLease, held
 from search.record.processes import named, stop
 from tests.conftest import REPO, base_spec, write_spec
 
+pytestmark = pytest.mark.slow  # over 5 s here: make test-fast leaves it out
+
 HOLD = """
 import sys, time
 from search.record.lease import StudyLease

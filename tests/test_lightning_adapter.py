@@ -18,6 +18,8 @@ import search.lightning  # noqa: E402
 from examples.lightning_mlp import mlp  # noqa: E402
 from search.contract import TrialContext  # noqa: E402
 
+pytestmark = pytest.mark.torch  # Lightning runs on PyTorch: make test-fast leaves it out
+
 
 @pytest.fixture(scope="module")
 def data() -> dict[str, np.ndarray]:

@@ -25,7 +25,7 @@ from search.run.preflight import (
     check_storage,
     use_cluster_token,
 )
-from search.spec.schema import DataSpec, parse_spec
+from search.spec.schema import parse_spec
 from tests.conftest import REPO, base_spec, run_spec, write_spec
 
 SECRET = "pw-Zq81rT"
@@ -140,8 +140,6 @@ def test_cluster_token_is_used_when_joining(
 
 
 def test_missing_data_folder(tmp_path: Path) -> None:
-    if "path" not in DataSpec.model_fields:
-        pytest.skip("no folder-based dataset in DataSpec yet (only built-in 'digits')")
     missing = tmp_path / "no-such-folder"
     spec = parse_spec(base_spec(tmp_path, data={"name": "image_folder", "path": str(missing)}))
     with pytest.raises(PreflightError) as exc:

@@ -19,6 +19,8 @@ from search.record.samplers import build_sampler  # noqa: E402
 from search.spec.schema import parse_spec  # noqa: E402
 from search.spec.space import sample  # noqa: E402
 
+pytestmark = pytest.mark.slow  # over 5 s here: make test-fast leaves it out
+
 TASK = "hpolib/slice_localization"
 
 

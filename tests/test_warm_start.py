@@ -19,6 +19,8 @@ from search.spec.pinned import PINNED
 from search.spec.schema import parse_spec
 from tests.conftest import base_spec, run_spec, write_spec
 
+pytestmark = pytest.mark.slow  # over 5 s here: make test-fast leaves it out
+
 FAIL = TrialState.FAIL
 
 

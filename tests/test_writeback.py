@@ -13,6 +13,8 @@ from search.record.storage import open_storage
 from search.record.writeback import WriteBehindStorage
 from search.run.bridge import running_template
 
+pytestmark = pytest.mark.slow  # over 5 s here: make test-fast leaves it out
+
 
 def _pair(tmp_path: Path) -> tuple[optuna.Study, WriteBehindStorage, str]:
     url = f"sqlite:///{tmp_path}/optuna.db"

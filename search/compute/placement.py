@@ -266,8 +266,10 @@ def resolve(
         cluster: ``ray.cluster_resources()`` (``CPU`` and ``GPU`` are read).
         measured: For ``gpus_per_trial: auto`` on GPUs, what
             :func:`search.compute.gpu_memory.measure` found (None: one trial per GPU).
-        data_parallel: How the trainable trains on several devices (:func:`data_parallel_mode`;
-            True means :data:`PROCESSES`, False or None that it cannot).
+        data_parallel: How the trainable trains on several devices, as its
+            ``@trainable(data_parallel=...)`` declares it (the ``data_parallel`` of
+            :func:`search.contract.declarations`); True means :data:`PROCESSES`, False or None
+            that it cannot.
 
     Raises:
         PlacementError: GPUs asked for on a cluster without any; several workers for a

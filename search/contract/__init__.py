@@ -3,10 +3,12 @@
 What a trainable receives (:class:`TrialContext`, :class:`Dataset`), how it is found and what
 its module declares (:mod:`.registry`), and the one loop that drives it (:mod:`.driver`).
 Internal: users import the public names from the package root (``from search import
-trainable, TrialContext``; :mod:`search`), which re-exports them from here.
+trainable, TrialContext``; :mod:`search`), which re-exports them from here. The names
+imported below are a shortcut for the layers above, not a public list: the one public face
+is the root's ``__all__``.
 """
 
-from search.contract.context import (
+from search.contract.context import (  # noqa: F401
     RESERVED_PREFIX,
     ConfigError,
     ExportFn,
@@ -14,9 +16,9 @@ from search.contract.context import (
     TrainFn,
     TrialContext,
 )
-from search.contract.dataset import Dataset
-from search.contract.declare import Declaration, trainable
-from search.contract.driver import (
+from search.contract.dataset import Dataset  # noqa: F401
+from search.contract.declare import Declaration, trainable  # noqa: F401
+from search.contract.driver import (  # noqa: F401
     Epoch,
     Trained,
     as_metrics,
@@ -25,8 +27,8 @@ from search.contract.driver import (
     nonfinite_reason,
     train_to_end,
 )
-from search.contract.inputs import write_inputs
-from search.contract.registry import (
+from search.contract.inputs import write_inputs  # noqa: F401
+from search.contract.registry import (  # noqa: F401
     BUILTIN,
     BUILTIN_KNOBS,
     Declarations,
@@ -35,30 +37,3 @@ from search.contract.registry import (
     declarations,
     declared_defaults,
 )
-
-__all__ = [
-    "BUILTIN",
-    "BUILTIN_KNOBS",
-    "ConfigError",
-    "RESERVED_PREFIX",
-    "Dataset",
-    "Declaration",
-    "Declarations",
-    "Epoch",
-    "ExportFn",
-    "Metrics",
-    "TrainFn",
-    "Trained",
-    "TrialContext",
-    "UnknownTrainableError",
-    "as_metrics",
-    "check_trainable",
-    "declarations",
-    "declared_defaults",
-    "drive",
-    "metric_problem",
-    "nonfinite_reason",
-    "train_to_end",
-    "trainable",
-    "write_inputs",
-]

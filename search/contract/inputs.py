@@ -400,8 +400,9 @@ def write_inputs(
         validation_accuracy: The framework model's accuracy on exactly those validation rows
             (the check compares with it; give it when they are a subset of the split).
         classes: The class names, in the order of the first output's columns.
-        mean, std: The only input's normalization after ``scale`` (per input: a mapping
-            entry's ``mean`` and ``std``).
+        mean: The only input's mean after ``scale`` (per input: a mapping entry's ``mean``).
+        std: The only input's standard deviation after ``scale`` (per input: a mapping
+            entry's ``std``).
 
     Returns:
         The path of ``inputs.json``.

@@ -38,7 +38,7 @@ BUILTIN_KNOBS: dict[str, str] = {
 }
 """Where each built-in's knobs are declared without its framework (``module:name``): the
 trainable declares the same dict, and :func:`declared_defaults` reads it here, so checking a
-spec imports no torch or TensorFlow in the driver (1.3 s cold for torch alone)."""
+spec imports no torch or TensorFlow in the driver (each a slow import, cold)."""
 
 PROCESSES: Final = "processes"
 """Data-parallel mode: one process per device, one ``torch.distributed`` group per trial."""

@@ -198,5 +198,6 @@ def no_hook(trainable: str) -> str:
     """The one line for a trainable without an export hook."""
     return (
         f"trainable {trainable!r} has no export hook: define export(config, data, ctx, "
-        "out_dir) next to its train function (see search/contract/registry.py)"
+        "out_dir) and declare it with @train.exporter below its train function (see "
+        "search.trainable)"
     )

@@ -8,7 +8,7 @@ one transaction (and one lock of the database file) per write. The write-behind 
 committed; this module commits them together, one statement per table with many rows.
 
 Optuna has no batch write, and its per-write code (an ORM query for the trial, then an upsert
-compiled anew) cost about 1 ms a write here, in the driver, beside Tune's loop. So this writes
+compiled anew) costs driver CPU on every write, beside Tune's loop. So this writes
 Optuna's tables directly, as :mod:`search.record.bulk` reads them, and makes Optuna's checks
 itself, once a batch: every trial exists and is not finished, and each parameter's
 distribution is compatible with the study's earlier ones. A write Optuna would refuse fails

@@ -3,8 +3,8 @@
 Optuna's RDB storage reads a study's trials through SQLAlchemy's ORM: one object per row of six
 tables, then one :class:`~optuna.trial.FrozenTrial` per trial, parsing every parameter's
 distribution JSON twice. At 10,000 trials of the ``cnn`` space that is 160,000 ORM objects and
-180,000 JSON parses (measured here: 6 to 8 s, most of ``search trials`` and of a driver's first
-read when it resumes a big study). Optuna has no faster public read, so :func:`read_trials`
+180,000 JSON parses (seconds: most of ``search trials`` and of a driver's first read when it
+resumes a big study). Optuna has no faster public read, so :func:`read_trials`
 selects the same rows with SQLAlchemy Core, builds the same trials, and parses each distinct
 distribution once. :class:`BulkReadRDBStorage` is Optuna's RDB storage with that read: every
 bulk read (``get_all_trials``, Optuna's trial cache, the samplers, ``trials``, ``report``) goes

@@ -2,7 +2,7 @@
 
 Optuna's TPE reads every trial at each ask and builds its densities from all of them, so an
 ask costs O(n log n) in the study's n trials (Optuna's docs suggest TPE for 100 to 1,000
-trials); measured here through the bridge, an ask took a median of 0.55 s at 10,000 trials.
+trials); through the bridge, an ask at 10,000 trials took half a second and more.
 :class:`BoundedTPESampler` shows TPE at most :data:`HISTORY_LIMIT` trials: every running one
 (the constant liar keeps parallel asks apart with them), the :data:`BEST_KEPT` best finished
 ones (TPE's "good" group, 25 trials at most with its default ``gamma``, is drawn from those),

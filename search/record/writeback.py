@@ -2,8 +2,8 @@
 
 The bridge runs inside Tune's controller loop: every parameter it samples and every
 ``set_user_attr``, ``report`` and ``tell`` it makes is a storage commit, and on SQLite each
-commit waits for the disk (measured here: about 12 ms per commit, 9 commits per trial, and 9
-more for the cnn space's parameters). While it waits, no trial starts, no result is read.
+commit waits for the disk (about 9 commits per trial, and 9 more for the cnn space's
+parameters). While it waits, no trial starts, no result is read.
 :class:`WriteBehindStorage` queues those writes and one background thread commits them, in the
 order they were made (:mod:`search.record.writer`); everything else (creating a trial, every
 read) goes straight to the wrapped storage. A driver killed between a trial's ``ask`` and the
@@ -274,7 +274,7 @@ class WriteBehindStorage(BaseStorage):
         others from a view of the storage read at most every :data:`VIEW_EVERY_S`.
 
         The sampler reads all trials on every ask; read from the storage each time (Optuna's
-        cache re-reads every unfinished trial), that cost 60 ms a trial at 16 running. Only
+        cache re-reads every unfinished trial), that cost grew with the trials running. Only
         the trials of other drivers (a shared study) can be stale, by at most that long."""
         pending = self._snapshot()
         base, index = self._base(study_id)

@@ -129,8 +129,8 @@ def dashboard_notes() -> ModuleType:
     imports only optuna), loaded without the package's ``__init__``.
 
     Why not ``from optuna_dashboard import save_note``: the package's ``__init__`` imports
-    the whole web app, whose importance view imports scikit-learn; 1.2 s of the end of every
-    ``run`` here, for a note. The dashboard itself reads the notes written this way
+    the whole web app, whose importance view imports scikit-learn: a slow import at the end of
+    every ``run``, for a note. The dashboard itself reads the notes written this way
     (tests/test_dashboard_artifacts.py asks its server for them).
     """
     if "optuna_dashboard" in sys.modules:  # imported already: nothing to save

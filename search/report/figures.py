@@ -104,8 +104,8 @@ def subset(study: optuna.Study, numbers: set[int]) -> optuna.Study:
 
     Its trials are ``study``'s own objects, served by its storage's ``get_all_trials`` as
     they are: Optuna's in-memory storage deep-copies each trial it adds and each it returns
-    (3 s for a 200-curve figure and a 1,000-trial timeline at 10,000 trials), and a figure only
-    reads them."""
+    (seconds for a 200-curve figure and a 1,000-trial timeline at 10,000 trials), and a figure
+    only reads them."""
     import optuna
 
     kept = [t for t in study.get_trials(deepcopy=False) if t.number in numbers]
@@ -237,7 +237,7 @@ def plotly_figures(study: optuna.Study) -> dict[str, Any]:
 IMPORTANCE_MIN_TRIALS = 5
 """The complete trials the importance figure needs. fANOVA fits a random forest to the
 trials; on fewer it apportions noise (one parameter always gets 1.0), and the figure's one
-import, scikit-learn's, cost the end of every small run 1.5 s here."""
+import, scikit-learn's, would slow the end of every small run."""
 
 
 def too_few_for_importances(study: optuna.Study) -> str | None:

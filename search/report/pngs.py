@@ -3,8 +3,7 @@
 ``optuna.visualization.matplotlib`` draws them (plotly's own PNG export needs a browser), styled
 as the page's plotly figures (:mod:`search.report.figures`). Drawing them is CPU-bound and the
 page does not need them, so :func:`start_pngs` draws them in a forked process while the page's
-figures are built (measured at 10,000 trials on 2 cores: about 10 s of drawing beside 8 s of
-page).
+figures are built (at 10,000 trials the drawing takes longer than the page).
 """
 
 from __future__ import annotations
@@ -47,7 +46,7 @@ def start_pngs(study: optuna.Study, folder: Path) -> Callable[[], None]:
     """
     if "fork" not in multiprocessing.get_all_start_methods():
         return lambda: _draw(study, folder)  # at the wait, as the fallback does
-    # Imported before the fork: both sides plot importances (scikit-learn's import, 2.4 s here,
+    # Imported before the fork: both sides plot importances (scikit-learn's import, slow, paid
     # once), and a child never imports while another thread of a parent might hold the lock.
     import matplotlib
 

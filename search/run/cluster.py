@@ -6,9 +6,9 @@ A local Ray's processes (GCS, raylet and, through the raylet, the trials' worker
 process group of their own (:func:`own_process_group`). SIGTERM to the driver's process group
 (``kill -TERM -PGID``, a batch system's ``killpg``) then reaches the driver alone, which stops
 Tune and records while its Ray still answers (:mod:`search.run.signals`); in the driver's
-group, Ray's processes died first, and Tune's clean-up waited 60 s for the gone GCS and ended
-the process with status 1, no summary. They still die with the driver: Ray binds them to it
-(``PR_SET_PDEATHSIG``), and the driver stops them when it ends.
+group, Ray's processes died first, and Tune's clean-up waited out its timeout for the gone
+GCS and ended the process with status 1, no summary. They still die with the driver: Ray binds
+them to it (``PR_SET_PDEATHSIG``), and the driver stops them when it ends.
 """
 
 from __future__ import annotations
@@ -126,7 +126,7 @@ def _start(address: str | None, num_cpus: int | None, num_gpus: int | None) -> N
         log_to_driver=False,
         runtime_env={"env_vars": dict(_RAY_ENV)},
         # Ray starts one idle Python worker per CPU for tasks, but Tune runs every trial in an
-        # actor, and actors never take those workers: on a 2-core machine they cost 2 CPU-s
+        # actor, and actors never take those workers: on a small machine they cost CPU
         # while the first trials start, on a 64-CPU node 64 processes that do nothing.
         _system_config=None if address else NO_PRESTART,
     )
@@ -178,7 +178,7 @@ def untagged_callbacks() -> Iterator[None]:
     """Tune without its usage tag of the run's callbacks.
 
     ``tune.run`` counts the callbacks by class for Ray's usage statistics, and to know the
-    classes it imports its MLflow integration, which imports MLflow: 0.8 s of every run here,
+    classes it imports its MLflow integration, which imports MLflow: a slow import in every run,
     for a tag that is never sent (``ray.init`` turns usage statistics off for release wheels).
     Ray offers no switch for it, so the tag is skipped while the block runs, and restored.
     """

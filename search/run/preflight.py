@@ -150,15 +150,13 @@ def check_data(spec: StudySpec, field: str = "data") -> None:
         except DataError as exc:
             raise PreflightError(f"{field}.loader: {str(exc).split(': ', 1)[-1]}") from None
         return
-    for name in type(data).model_fields:
-        value = getattr(data, name)
-        if value is None or not (name == "path" or isinstance(value, Path)):
-            continue
-        path = Path(value).expanduser()
-        if not path.exists():
-            raise PreflightError(f"{field}.{name}: {value} does not exist")
-        if getattr(data, "name", None) == "image_folder" and not path.is_dir():
-            raise PreflightError(f"{field}.{name}: {value} is not a folder")
+    if data.path is None:  # the one field that names a place (``image_folder``'s folder)
+        return
+    path = Path(data.path).expanduser()
+    if not path.exists():
+        raise PreflightError(f"{field}.path: {data.path} does not exist")
+    if data.name == "image_folder" and not path.is_dir():
+        raise PreflightError(f"{field}.path: {data.path} is not a folder")
 
 
 def _split_address(address: str) -> tuple[str, int]:
@@ -230,7 +228,7 @@ def _refused_token(texts: list[str]) -> bool:
 def join_ray(address: str) -> None:
     """Connects this driver to the Ray cluster at ``address``, one line if it cannot.
 
-    Ray retries a refused token for about 20 s, logging a line a second; one direct attempt
+    Ray retries a refused token for many seconds, logging a line a second; one direct attempt
     first makes that case fail at once, and those lines are kept off the console.
     """
     refused = (

@@ -117,8 +117,8 @@ def _checkpoint(ctx: TrialContext, epoch: int, every_s: float) -> Any:
     the last checkpoint.
 
     Each Tune checkpoint costs a copy into the experiment folder and work in Ray's driver loop,
-    the loop that starts trials and reads every result (measured: 20% of the wall time of
-    trials of 4 s, 2 at a time). A retry resumes from the last one, so it trains again at most
+    the loop that starts trials and reads every result (a large share of the wall time of short
+    trials when every one made one). A retry resumes from the last one, so it trains again at most
     ``every_s`` (plus one epoch); a trial shorter than that makes none.
 
     A trainable that saves only on some epochs leaves the folder as it was: then no checkpoint

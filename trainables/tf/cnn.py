@@ -9,8 +9,7 @@ training arrays to train on, default 1.0; the overfitting demo), ``lr_scheduler`
 of the two), ``precision`` (fp32|bf16|fp16, fp16 on a GPU only), ``num_workers`` and
 ``pin_memory`` (accepted and ignored: tf.data sizes its work with AUTOTUNE).
 
-At adam, lr 3e-3, batch 64 it passes 0.95 val_accuracy by epoch 2-3 (~0.45 s an epoch on 2
-CPU threads after a ~3 s first epoch that traces the graph).
+Its first epoch is the slowest: it traces the graph (benchmarks/RESULTS.md gives the times).
 
 Data: the framework's arrays, or an image folder (:func:`trainables.tf.data.load_data`;
 ``data`` may then hold empty arrays).

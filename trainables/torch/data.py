@@ -96,8 +96,8 @@ class Augment:
     At ``strength`` 1: rotation up to 15 degrees, translation up to 10 % of the image, fill 0,
     bilinear; brightness and contrast factors in [0.7, 1.3] (the ranges of torchvision's
     ``RandomAffine`` and ``ColorJitter``). Written in plain torch because importing
-    torchvision costs every new trial process about 2.5 s here (it pulls in ``torch._dynamo``),
-    more than a whole epoch of the digits CNN. Draws from torch's global generator, which the
+    torchvision costs every new trial process more than a whole epoch of the digits CNN (it
+    pulls in ``torch._dynamo``). Draws from torch's global generator, which the
     trainable seeds; DataLoader workers get their own seeds from it.
 
     Args:

@@ -4,8 +4,8 @@ The guide's exploding-gradient scenario: the 8 rows are a sequence of 8 features
 unnormalized (pixel values 0..16, as the data comes) into a GRU or LSTM, whose last hidden
 state goes through a dense LeakyReLU layer to the classifier. With plain SGD, no clipping and a
 high learning rate the weights of the dense layers grow each other geometrically and the loss
-overflows to inf/NaN within a few epochs (measured, 3 seeds: GRU at lr >= 3, LSTM at lr >= 10;
-lr <= 1 trains). The same runs with ``clip_norm: 1.0`` stay finite. (The recurrent cell alone
+overflows to inf/NaN within a few epochs (benchmarks/RESULTS.md gives the learning rates;
+a low one trains). The same runs with ``clip_norm: 1.0`` stay finite. (The recurrent cell alone
 cannot overflow: its gates saturate; the unbounded dense path is what explodes.)
 
 Image folders work too (:func:`trainables.torch.data.load_data`): each row of the RGB image is

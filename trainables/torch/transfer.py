@@ -18,9 +18,8 @@ Config keys (all optional): the shared ones of
                       then features[-1], features[-2], ...)
     image_size        side the inputs are resized to inside the model (default 32)
 
-Cost of one epoch on the 1437 training digits, resnet18, image_size 32, 1 CPU thread (on a
-shared 2-core machine): frozen ~3.5 s, unfreeze_blocks 2 ~10.5 s, whole backbone ~13 s. The
-frozen default keeps a trial within a few seconds an epoch.
+An epoch costs several times more with ``unfreeze_blocks`` or the whole backbone trained
+than frozen (benchmarks/RESULTS.md); the frozen default keeps a trial's epochs short.
 
 Make a weights file (a backbone pretrained on a different task: predicting how each training
 digit was rotated, 0/90/180/270 degrees)::
