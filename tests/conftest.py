@@ -41,6 +41,7 @@ SLOWEST_FIRST = (
     "test_resume.py",  # 50
     "test_tracking.py",  # 50
     "test_mistakes.py",  # 50
+    "test_tf_reuse.py",  # 40 (measured alone, 2026-12-03)
     "test_sigterm.py",  # 39
     "test_ddp.py",  # 39
     "test_export.py",  # 39

@@ -21,7 +21,7 @@ import yaml
 
 from search.handover import card, compare
 from search.handover.candidates import resolved_config
-from search.handover.confirm import ConfirmRun, Row, median_seed
+from search.handover.confirm import ConfirmRun, Row, median_seed, shortfall
 from search.handover.train import Log, train_spec
 from search.record.storage import redact
 from search.record.study import CONFIRM_FILE
@@ -125,6 +125,10 @@ def write_bundle(
     )
     seconds = time.monotonic() - session.start
     metrics = _metrics(session, chosen, rows, config, seed, final, history, seconds)
+    asked = len(rows) * len(session.seeds)
+    short = shortfall(runs, asked, spec.primary.metric, session.confirm.study_name)
+    if short is not None:  # said on the console as the runs ended; the card says it too
+        metrics["confirmation_shortfall"] = short
     metrics.update(extra or {})
     _write_files(session, out, metrics, runs, chosen.source_trial, card_note)
     session.log(

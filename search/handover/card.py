@@ -289,6 +289,12 @@ def _inputs(
     return lines
 
 
+def _short(metrics: Mapping[str, Any]) -> str:
+    """A paragraph when fewer confirmation runs ended with a value than were asked for."""
+    line = metrics.get("confirmation_shortfall")
+    return f"\n\n**Fewer confirmation runs than asked:** {line}." if line else ""
+
+
 def _data_line(spec: StudySpec) -> str:
     """What the study trained on, as the spec says it (a loader splits its data itself)."""
     data = spec.data
@@ -351,7 +357,7 @@ hyperparameter study `{spec.study}` ({summary.trials} trials), confirmed with
 
 **Final model:** {metric} **{_f(final.get(metric))}** on the validation split
 ({mode} is better); the config's confirmed mean is **{_f(rows[0]["mean"])} ± {_f(rows[0]["std"])}**
-(sample standard deviation over {len(seeds) - rows[0]["failed"]} seeds).
+(sample standard deviation over {len(seeds) - rows[0]["failed"]} seeds).{_short(metrics)}
 
 ## Files
 
