@@ -106,6 +106,14 @@ def test_transient_failures_resume_from_the_checkpoint(finished: tuple) -> None:
     assert all(t.user_attrs["retries"] == 0 for t in steady)
 
 
+def test_each_trials_folder_is_named_by_its_study_trial_number(finished: tuple) -> None:
+    _, study, _ = finished
+    for t in study.trials:
+        folder = Path(t.user_attrs["log"]).parent.name
+        assert folder.startswith(f"trial_{t.number}_x={t.params['x']:.4g},"), folder
+        assert folder.endswith(t.user_attrs["ray_trial_id"])
+
+
 def test_user_attributes_and_stored_spec(finished: tuple) -> None:
     spec, study, _ = finished
     for t in study.trials:
