@@ -82,7 +82,7 @@ def test_export_refuses_a_study_without_complete_trials(tmp_path: Path) -> None:
 
 def test_export_refuses_a_trainable_without_an_export_hook(tmp_path: Path) -> None:
     spec, _ = make_study(tmp_path, {0.5: TrialState.COMPLETE}, trainable="search.testing:instant")
-    with pytest.raises(Exception, match=r"has no export hook: define export\(config"):
+    with pytest.raises(Exception, match=r"has no export hook: declare one .* @instant.exporter"):
         export_study(
             "t", spec.storage, tmp_path / "out", results_dir=tmp_path, log=lambda line: None
         )
