@@ -143,6 +143,10 @@ def test_confirmation_is_recorded_apart_and_picks_the_best_mean(
     assert "| 0 **(chosen)** |" in card and "![learning curves](learning_curves.png)" in card
     assert "python " in (bundle / "environment.txt").read_text()
     assert any(line.startswith("confirm  4/4") for line in lines)
+    used = ", ".join(metrics["frameworks"])  # what this process imported: torch (conftest)
+    assert "torch " in used and f"the final model was trained with: {used}." in " ".join(
+        card.split()
+    )
 
 
 @pytest.mark.ray

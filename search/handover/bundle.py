@@ -22,6 +22,7 @@ import yaml
 from search.handover import card, compare
 from search.handover.candidates import resolved_config
 from search.handover.confirm import ConfirmRun, Row, median_seed, shortfall
+from search.handover.lineage import frameworks
 from search.handover.train import Log, train_spec
 from search.record.storage import redact
 from search.record.study import CONFIRM_FILE
@@ -211,4 +212,5 @@ def _metrics(
         "final_seed_confirmation_value": chosen.values.get(seed),
         "final_history": list(history),
         "export_seconds": round(seconds, 1),
+        "frameworks": frameworks(),  # imported by the final model's training, just done
     }

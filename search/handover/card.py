@@ -36,8 +36,15 @@ PACKAGES = (
     "scikit-learn",
     "torch",
     "torchvision",
+    "lightning",
+    "pytorch-lightning",
+    "torchmetrics",
+    "transformers",
+    "tokenizers",
+    "accelerate",
     "tensorflow",
     "keras",
+    "tf2onnx",
     "onnx",
     "onnxruntime",
     "onnxscript",
@@ -289,6 +296,11 @@ def _inputs(
     return lines
 
 
+def _frameworks(metrics: Mapping[str, Any]) -> str:
+    """``torch 2.14.1, lightning 2.6.0`` (``metrics.json``'s ``frameworks``), or ``none``."""
+    return ", ".join(metrics.get("frameworks") or []) or "none of the known ones"
+
+
 def _short(metrics: Mapping[str, Any]) -> str:
     """A paragraph when fewer confirmation runs ended with a value than were asked for."""
     line = metrics.get("confirmation_shortfall")
@@ -368,7 +380,8 @@ hyperparameter study `{spec.study}` ({summary.trials} trials), confirmed with
 {chr(10).join(files)}
 - `metrics.json`: the confirmation table, the final metrics and the final run's curve.
 - `environment.txt`: Python, packages, git commits (this tool's and the trainable's
-  project), CPU and GPU, the data's loader and fingerprint (shapes, dtypes, sha256).
+  project), CPU and GPU, the data's loader and fingerprint (shapes, dtypes, sha256), and
+  the frameworks the final model was trained with: {_frameworks(metrics)}.
 
 ## How it was chosen
 
