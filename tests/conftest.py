@@ -54,6 +54,7 @@ SLOWEST_FIRST = (
     "test_data_once.py",  # 24
     "test_lease.py",  # 22
     "test_budget.py",  # 22
+    "test_piped_output.py",  # 22 (measured alone, 2026-12-03)
     "test_quality.py",  # 21
     "test_local_ray.py",  # 21
 )
