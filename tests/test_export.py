@@ -198,7 +198,7 @@ def test_fewer_confirmed_runs_than_asked_are_said_in_a_line_and_in_the_card(
     assert result.chosen.source_trial == 1
     said = [line for line in lines if line.startswith("confirmed ")]
     assert said == [
-        "confirmed 2 of 4 runs asked for: 2 failed after their retries (trial 0 seed "
+        "confirmed 2 of 4 runs asked for: 2 failed (trial 0 seed "
         f"{min(result.chosen.values)}: ValueError: x=0.9 is above "
         "raise_above); each run's fail_reason is in study 't-confirm'"
     ], lines

@@ -261,15 +261,8 @@ def run_confirmation(
         ready, _ = ray.wait(list(pending), num_returns=1)
         number, seed = pending.pop(ready[0])
         run = _result(ready[0], number, seed)
-        run.retried_after = earlier.setdefault((number, seed), [])
-        run.retries = len(run.retried_after)
-        if run.retriable and run.fail_reason and run.retries < spec.faults.max_failures:
-            run.retried_after.append(run.fail_reason)
-            log(
-                f"confirm: trial {number} seed {seed} failed ({run.fail_reason}); retry "
-                f"{run.retries + 1} of {spec.faults.max_failures} (faults.max_failures)"
-            )
-            queue.insert(0, (by_number[number], seed))
+        if _retried(run, earlier.setdefault((number, seed), []), spec.faults.max_failures, log):
+            queue.insert(0, (by_number[number], seed))  # it starts again before the others
             continue
         record_run(confirm, run, by_number[number], metric, export_run)
         runs.append(run)
@@ -282,6 +275,21 @@ def run_confirmation(
     if (short := shortfall(runs, total, metric, confirm.study_name)) is not None:
         log(short)
     return runs
+
+
+def _retried(run: ConfirmRun, earlier: list[str], max_failures: int, log: Log) -> bool:
+    """Whether ``run`` starts again, as a trial would (``faults.max_failures``): said in one
+    line, its error added to ``earlier`` (the errors of its attempts so far, which the run
+    keeps as ``retried_after``)."""
+    run.retried_after, run.retries = earlier, len(earlier)
+    if not (run.retriable and run.fail_reason and run.retries < max_failures):
+        return False
+    earlier.append(run.fail_reason)
+    log(
+        f"confirm: trial {run.source_trial} seed {run.seed} failed ({run.fail_reason}); "
+        f"retry {run.retries + 1} of {max_failures} (faults.max_failures)"
+    )
+    return True
 
 
 def _result(ref: Any, number: int, seed: int) -> ConfirmRun:
@@ -307,7 +315,7 @@ def shortfall(runs: Sequence[ConfirmRun], asked: int, metric: str, study: str) -
         >>> ok = ConfirmRun(0, 1, history=[{"acc": 0.9}])
         >>> bad = ConfirmRun(0, 2, fail_reason="RecursionError: too deep", retries=2)
         >>> shortfall([ok, bad], 2, "acc", "s-confirm")  # doctest: +NORMALIZE_WHITESPACE
-        "confirmed 1 of 2 runs asked for: 1 failed after their retries (trial 0 seed 2:
+        "confirmed 1 of 2 runs asked for: 1 failed (trial 0 seed 2:
         RecursionError: too deep); each run's fail_reason is in study 's-confirm'"
     """
     failed = sorted((r for r in runs if r.value(metric) is None), key=_order)
@@ -319,8 +327,8 @@ def shortfall(runs: Sequence[ConfirmRun], asked: int, metric: str, study: str) -
         for r in failed[:1]
     )
     return (
-        f"confirmed {done} of {asked} runs asked for: {len(failed)} failed after their "
-        f"retries{f' ({why})' if why else ''}; each run's fail_reason is in study {study!r}"
+        f"confirmed {done} of {asked} runs asked for: {len(failed)} failed"
+        f"{f' ({why})' if why else ''}; each run's fail_reason is in study {study!r}"
     )
 
 
