@@ -21,9 +21,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn, TypeVar
 
 import typer
-from rich.console import Console
 
 from search.errors import SearchError, disk_full, one_line
+from search.run import terminal
 from search.spec.schema import DEFAULT_STORAGE
 
 if TYPE_CHECKING:
@@ -35,7 +35,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     help="Hyperparameter search for deep learning: Optuna proposes, Ray Tune runs, ASHA prunes.",
 )
-console = Console(highlight=False, width=None if sys.stdout.isatty() else 160)
+console = terminal.console()
 F = TypeVar("F", bound=Callable[..., Any])
 
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import difflib
 import errno
+from collections.abc import Iterable
 
 
 def one_line(text: str) -> str:
@@ -13,6 +15,28 @@ def one_line(text: str) -> str:
         bad\nkey\r
     """
     return "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in text)
+
+
+def closest(given: str, known: Iterable[str]) -> str | None:
+    """The one of ``known`` closest to ``given`` (a misspelling of it), or ``None``.
+
+    Example:
+        >>> closest("alpah", ["alpha", "beta"]), closest("zz", ["alpha"])
+        ('alpha', None)
+    """
+    match = difflib.get_close_matches(given, list(known), n=1)
+    return match[0] if match else None
+
+
+def did_you_mean(given: str, known: Iterable[str]) -> str:
+    """`` (did you mean 'alpha'?)`` when one of ``known`` is close to ``given``, else ``''``.
+
+    Example:
+        >>> did_you_mean("trian", ["train", "export"])
+        " (did you mean 'train'?)"
+    """
+    match = closest(given, known)
+    return f" (did you mean {match!r}?)" if match else ""
 
 
 class SearchError(Exception):

@@ -41,6 +41,7 @@ SLOWEST_FIRST = (
     "test_resume.py",  # 50
     "test_tracking.py",  # 50
     "test_mistakes.py",  # 50
+    "test_tf_reuse.py",  # 40 (measured alone, 2026-12-03)
     "test_sigterm.py",  # 39
     "test_ddp.py",  # 39
     "test_export.py",  # 39
@@ -53,6 +54,7 @@ SLOWEST_FIRST = (
     "test_data_once.py",  # 24
     "test_lease.py",  # 22
     "test_budget.py",  # 22
+    "test_piped_output.py",  # 22 (measured alone, 2026-12-03)
     "test_quality.py",  # 21
     "test_docs.py",  # 20 (measured alone)
     "test_local_ray.py",  # 21

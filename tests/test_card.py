@@ -225,3 +225,26 @@ def test_a_loaders_dict_is_fingerprinted_like_a_dataset() -> None:
     x, y = np.arange(12, dtype=np.float32).reshape(4, 3), np.array([0, 1, 0, 1])
     arrays = {"x_train": x, "y_train": y, "x_val": x[:2], "y_val": y[:2]}
     assert fingerprint(arrays) == fingerprint(Dataset(*arrays.values(), 2, "rows"))
+
+
+def test_the_frameworks_imported_are_named_with_their_versions(tmp_path: Path) -> None:
+    """Every training framework the process imported (tokenizers here, as a Hugging Face
+    trainable does) is in environment.txt, in its package list, and in the registry's tags."""
+    import importlib.metadata
+
+    pytest.importorskip("tokenizers")
+    from search.handover.card import environment
+    from search.handover.lineage import frameworks
+    from search.handover.registry import _lineage
+
+    version = importlib.metadata.version("tokenizers")
+    found = frameworks()
+    assert f"tokenizers {version}" in found
+    text = environment("search.testing:curve")
+    assert f"frameworks {', '.join(found)}" in text.splitlines()
+    assert f"tokenizers=={version}" in text.splitlines()
+    (tmp_path / "environment.txt").write_text(text)
+    metrics = {"study": "s", "chosen": {"source_trial": 0, "seed": 1}, "frameworks": found}
+    tags = _lineage(tmp_path, metrics, {})
+    assert tags["search.frameworks"] == ", ".join(found)
+    assert f"tokenizers=={version}" in tags["search.packages"].split()

@@ -150,12 +150,33 @@ def test_a_folder_without_model_onnx_is_one_line_and_exit_2(tmp_path: Path) -> N
     (bundle / "model.keras").write_bytes(b"keras")
     with pytest.raises(BundleError, match=r"no model.onnx in .*it holds model.keras, saved_model/"):
         check_bundle(bundle)
+    with pytest.raises(BundleError, match=r"with search\.keras\.save_onnx\(model, out_dir\)"):
+        check_bundle(bundle)  # the one-line fix of a Keras bundle first
     proc = _script(bundle, tmp_path)
     assert proc.returncode == 2
     assert proc.stdout == "" and "Traceback" not in proc.stderr
     assert proc.stderr.startswith("error: no model.onnx in ") and proc.stderr.count("\n") == 1
     missing = _script(tmp_path / "nothing", tmp_path)
     assert missing.returncode == 2 and missing.stderr.startswith("error: no bundle folder at")
+
+
+def test_the_check_names_the_studys_own_accuracy(
+    tmp_path: Path, onnx_file: tuple[Path, float]
+) -> None:
+    """A Hugging Face study's metric is ``eval_accuracy``: the check compares with it, by
+    that name, not with a ``val_accuracy`` the study never had."""
+    bundle = _bundle(tmp_path, onnx_file)
+    final = {"eval_accuracy": onnx_file[1], "eval_loss": 0.3}
+    (bundle / "metrics.json").write_text(json.dumps({"final": final}))
+    (bundle / "config.yaml").write_text(
+        "study: text-final\ntrainable: nowhere_pkg.text:train\n"
+        "objective: {metric: eval_accuracy, mode: max}\n"
+    )
+    lines = check_bundle(bundle)
+    compared = [line for line in lines if "(onnx, " in line]
+    assert compared and compared[0].startswith("eval_accuracy "), lines
+    assert "(exported eval_accuracy)" in compared[0]
+    assert lines[-1] == "OK: model.onnx reproduces the exported validation accuracy"
 
 
 def test_an_accuracy_that_differs_fails_with_exit_1(

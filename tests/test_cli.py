@@ -245,7 +245,7 @@ def test_a_misspelled_trainable_function_exits_2_at_once(tmp_path: Path) -> None
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines() == [
         f"error: {tmp_path / 's.yaml'}: trainable: trainable 'search.testing:cruve': module "
-        "'search.testing' has no function 'cruve'"
+        "'search.testing' has no function 'cruve' (did you mean 'curve'?)"
     ]
     assert not (tmp_path / "optuna.db").exists()
 

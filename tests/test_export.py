@@ -82,7 +82,7 @@ def test_export_refuses_a_study_without_complete_trials(tmp_path: Path) -> None:
 
 def test_export_refuses_a_trainable_without_an_export_hook(tmp_path: Path) -> None:
     spec, _ = make_study(tmp_path, {0.5: TrialState.COMPLETE}, trainable="search.testing:instant")
-    with pytest.raises(Exception, match=r"has no export hook: define export\(config"):
+    with pytest.raises(Exception, match=r"has no export hook: declare one .* @instant.exporter"):
         export_study(
             "t", spec.storage, tmp_path / "out", results_dir=tmp_path, log=lambda line: None
         )
@@ -143,6 +143,69 @@ def test_confirmation_is_recorded_apart_and_picks_the_best_mean(
     assert "| 0 **(chosen)** |" in card and "![learning curves](learning_curves.png)" in card
     assert "python " in (bundle / "environment.txt").read_text()
     assert any(line.startswith("confirm  4/4") for line in lines)
+    used = ", ".join(metrics["frameworks"])  # what this process imported: torch (conftest)
+    assert "torch " in used and f"the final model was trained with: {used}." in " ".join(
+        card.split()
+    )
+
+
+@pytest.mark.ray
+def test_a_confirmation_run_gets_a_trials_retries(ray_local: None, tmp_path: Path) -> None:
+    """Each run fails its first attempt (a transient error): retried, it completes, and the
+    retry is said and recorded; no run is missing."""
+    marks = tmp_path / "marks"
+    spec, _ = make_study(
+        tmp_path,
+        {0.9: TrialState.COMPLETE},
+        fixed={"fail_once_in": str(marks)},
+        faults={"max_failures": 1},
+    )
+    lines: list[str] = []
+    result = export_study(
+        "t", spec.storage, tmp_path / "out", results_dir=tmp_path, top_k=1, seeds=2,
+        log=lines.append,
+    )  # fmt: skip
+    assert result.chosen.failed == 0 and len(result.chosen.ok) == 2, lines
+    retries = [line for line in lines if line.startswith("confirm: trial 0 seed")]
+    assert len(retries) == 2 and all("retry 1 of 1" in line for line in retries), lines
+    confirm = optuna.load_study(
+        study_name="t" + CONFIRM_SUFFIX, storage=confirm_storage(tmp_path, "t")
+    )
+    for t in confirm.trials:
+        assert t.state == TrialState.COMPLETE and t.user_attrs["retries"] == 1
+        assert t.user_attrs["retried_after"][0].startswith("RuntimeError: transient failure")
+    assert not any(line.startswith("confirmed ") for line in lines)
+    assert "Fewer confirmation runs" not in (tmp_path / "out" / "MODEL_CARD.md").read_text()
+
+
+@pytest.mark.ray
+def test_fewer_confirmed_runs_than_asked_are_said_in_a_line_and_in_the_card(
+    ray_local: None, tmp_path: Path
+) -> None:
+    """The config of x=0.9 fails every attempt: its runs are missing, said once after the
+    confirmation and in the model card; x=0.7 wins with both of its runs."""
+    spec, _ = make_study(
+        tmp_path,
+        {0.9: TrialState.COMPLETE, 0.7: TrialState.COMPLETE},
+        fixed={"raise_above": 0.8},
+        faults={"max_failures": 1},
+    )
+    lines: list[str] = []
+    result = export_study(
+        "t", spec.storage, tmp_path / "out", results_dir=tmp_path, top_k=2, seeds=2,
+        log=lines.append,
+    )  # fmt: skip
+    assert result.chosen.source_trial == 1
+    said = [line for line in lines if line.startswith("confirmed ")]
+    assert said == [
+        "confirmed 2 of 4 runs asked for: 2 failed (trial 0 seed "
+        f"{min(result.chosen.values)}: ValueError: x=0.9 is above "
+        "raise_above); each run's fail_reason is in study 't-confirm'"
+    ], lines
+    card = (tmp_path / "out" / "MODEL_CARD.md").read_text()
+    assert f"**Fewer confirmation runs than asked:** {said[0]}." in card
+    metrics = json.loads((tmp_path / "out" / "metrics.json").read_text())
+    assert metrics["confirmation_shortfall"] == said[0]
 
 
 @pytest.mark.ray

@@ -6,6 +6,7 @@ memory limit the framework asked TensorFlow for; ``nvidia-smi`` is a script on `
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -144,6 +145,61 @@ def test_tensorflow_imported_after_the_limits_still_gets_them() -> None:
     intra, inter, cpus, applied = json.loads(done.stdout.strip().splitlines()[-1])
     assert (intra, inter, cpus) == (1, 1, 2)
     assert applied == {"threads": 1, "tf_cpu_devices": 2}
+
+
+ORDERS = """
+import json, sys
+from search.compute.limits import apply_limits
+from search.contract import TrialContext
+first = sys.argv[1]  # what the process imported before the TF trainable's import
+if first == "torch":
+    import torch
+ctx = TrialContext(max_epochs=1, num_threads=1, seed=3)
+apply_limits(ctx)
+if first == "tensorflow":  # TensorFlow first, then Keras through tf.keras
+    import tensorflow as tf
+    tf.keras.layers.Dense
+
+def draws():  # a trainable that imports Keras inside its function
+    import keras, tensorflow as tf
+    layer = keras.layers.Dense(2)
+    layer.build((None, 3))
+    return [float(layer.kernel.numpy().flat[0]), float(tf.random.uniform(()))]
+
+fresh = draws()
+apply_limits(ctx)  # the next trial, in the same (reused) process
+import tensorflow as tf
+print(json.dumps([fresh, draws(), tf.config.threading.get_intra_op_parallelism_threads()]))
+"""
+
+
+@pytest.mark.tf
+@pytest.mark.skipif(importlib.util.find_spec("tensorflow") is None, reason="no tensorflow")
+def test_keras_and_tensorflow_get_their_limits_and_seed_whatever_came_first() -> None:
+    """``import keras`` imports TensorFlow: the limits applied the moment TensorFlow's import
+    ends must not touch the half-imported Keras (nor ``tf.keras``, which then breaks for the
+    rest of the process); Keras gets the seed when its own import ends. Fresh or reused,
+    whatever was imported first, the process draws the same numbers."""
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    procs = {
+        first: subprocess.Popen(
+            [sys.executable, "-c", ORDERS, first],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )  # fmt: skip
+        for first in ("keras", "tensorflow", "torch")
+    }
+    seen = []
+    for first, proc in procs.items():
+        out, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0, (first, err[-2000:])
+        assert "could not apply" not in err, (first, err[-2000:])
+        fresh, reused, threads = json.loads(out.strip().splitlines()[-1])
+        assert threads == 1
+        seen += [fresh, reused]
+    assert all(draws == seen[0] for draws in seen), seen
 
 
 def test_the_limits_seed_the_process_generators_from_the_trials_seed() -> None:

@@ -106,6 +106,14 @@ def test_transient_failures_resume_from_the_checkpoint(finished: tuple) -> None:
     assert all(t.user_attrs["retries"] == 0 for t in steady)
 
 
+def test_each_trials_folder_is_named_by_its_study_trial_number(finished: tuple) -> None:
+    _, study, _ = finished
+    for t in study.trials:
+        folder = Path(t.user_attrs["log"]).parent.name
+        assert folder.startswith(f"trial_{t.number}_x={t.params['x']:.4g},"), folder
+        assert folder.endswith(t.user_attrs["ray_trial_id"])
+
+
 def test_user_attributes_and_stored_spec(finished: tuple) -> None:
     spec, study, _ = finished
     for t in study.trials:
@@ -204,10 +212,11 @@ def test_time_limit_stops_trials_and_records_them_truthfully(
 
 
 def test_a_retry_resumes_from_the_epoch_its_checkpoint_really_holds(
-    ray_local: None, tmp_path: Path
+    ray_local: None, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """State saved on epochs 1, 3, 5 only; the first attempt fails at epoch 5. The epoch-4
-    report must not relabel the epoch-3 state as epoch 4 (``curve`` asserts what it loads)."""
+    report must not relabel the epoch-3 state as epoch 4 (``curve`` asserts what it loads).
+    The retry is said on the trial's console line and kept with its error in the record."""
     spec = parse_spec(
         base_spec(
             tmp_path,
@@ -219,8 +228,12 @@ def test_a_retry_resumes_from_the_epoch_its_checkpoint_really_holds(
             faults={"max_failures": 1, "checkpoint_every_s": 0},
         )
     )
-    run_study(spec, RunOptions(results_dir=tmp_path / "results", progress=False))
+    run_study(spec, RunOptions(results_dir=tmp_path / "results"))
     (trial,) = load_study("sparse", spec.storage).trials
     assert trial.state.name == "COMPLETE", trial.user_attrs.get("fail_reason")
     assert trial.user_attrs["retries"] == 1
+    after = "RuntimeError: transient failure at epoch 5"
+    assert trial.user_attrs["retried_after"] == [after]
+    line = next(x for x in capsys.readouterr().err.splitlines() if "trial   0 COMPLETE" in x)
+    assert line.endswith(f"(retried 1 time after {after})"), line
     assert sorted(trial.intermediate_values) == [1, 2, 3, 4, 5, 6]

@@ -20,7 +20,9 @@ a Ray trial (:mod:`search.run.worker`), each process of a data-parallel trial
   CPUs gets ``ctx.replicas`` logical CPU devices to mirror its model over.
 * A trainable that imports TensorFlow (or Keras) inside its function, not at its module's
   top, gets the same: the settings are applied the moment ``import tensorflow`` completes
-  (a finder on ``sys.meta_path`` until then), before any op can start TF's runtime.
+  (a finder on ``sys.meta_path`` until then), before any op can start TF's runtime; Keras
+  gets its seed the moment ``import keras`` completes (TensorFlow's import runs inside
+  Keras's, so nothing here touches Keras before then: :mod:`search.compute.seeds`).
 
 TensorFlow accepts its settings only before its runtime starts (a reused trial process asks
 again for the same ones, which it allows); a setting it refuses is left out of the record and
@@ -36,9 +38,10 @@ import os
 import subprocess
 import sys
 from collections.abc import Callable
+from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
-from search.compute.seeds import seed_everything, seed_tensorflow
+from search.compute.seeds import loaded, seed_everything, seed_keras, seed_tensorflow
 from search.contract import TrialContext, declarations
 
 if TYPE_CHECKING:
@@ -85,30 +88,41 @@ def apply_limits(ctx: TrialContext) -> dict[str, Any]:
     if fraction:
         os.environ[ALLOC_CONF] = _with_fraction(os.environ.get(ALLOC_CONF, ""), fraction)
         applied["gpu_memory_fraction"] = fraction
-    if "torch" in sys.modules:
+    if loaded("torch") is not None:
         _torch(ctx, fraction)
     disarm()
     seed_everything(ctx.seed)
-    if "tensorflow" in sys.modules:
+    if loaded("tensorflow") is not None:
         _tensorflow(ctx, fraction, applied)
-    else:  # a trainable that imports TensorFlow (or Keras) inside its function
-        sys.meta_path.insert(
-            0, _AfterImport("tensorflow", lambda: _late_tf(ctx, fraction, applied))
-        )
+    elif "tensorflow" not in sys.modules:  # a trainable that imports TF (or Keras) itself
+        arm("tensorflow", lambda tf: _late_tf(tf, ctx, fraction, applied))
+    if "keras" not in sys.modules:
+        arm("keras", lambda keras: seed_keras(ctx.seed, keras))
     return applied
 
 
-def _late_tf(ctx: TrialContext, fraction: float | None, applied: dict[str, Any]) -> None:
-    """TensorFlow imported by the trainable itself: its limits, then its seed."""
+def _late_tf(
+    tf: ModuleType, ctx: TrialContext, fraction: float | None, applied: dict[str, Any]
+) -> None:
+    """TensorFlow imported by the trainable itself: its limits, then its seed. Keras may be
+    half imported here (``import keras`` imports TensorFlow): neither touches Keras nor
+    ``tf.keras`` (:mod:`search.compute.seeds`)."""
     _tensorflow(ctx, fraction, applied)
-    seed_tensorflow(ctx.seed)
+    seed_tensorflow(ctx.seed, tf)
+
+
+def arm(name: str, then: Callable[[ModuleType], None]) -> None:
+    """Calls ``then`` with the module ``name`` the moment a later import of it completes,
+    before its importer goes on (so before any TensorFlow op could start TF's runtime); an
+    error in ``then`` is logged, and the import goes on."""
+    sys.meta_path.insert(0, _AfterImport(name, then))
 
 
 class _AfterImport(importlib.abc.MetaPathFinder):
     """Calls ``then`` once the module ``name`` has been imported, before its importer goes on
     (so before any TensorFlow op could start TF's runtime); then leaves ``sys.meta_path``."""
 
-    def __init__(self, name: str, then: Callable[[], None]) -> None:
+    def __init__(self, name: str, then: Callable[[ModuleType], None]) -> None:
         self.name, self.then, self._finding = name, then, False
 
     def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
@@ -138,16 +152,17 @@ class _ThenLoader(importlib.abc.Loader):
 
     def exec_module(self, module: Any) -> None:
         self.loader.exec_module(module)
-        disarm()
+        sys.meta_path[:] = [f for f in sys.meta_path if f is not self.hook]
         try:
-            self.hook.then()
+            self.hook.then(module)
         except Exception as exc:  # the user's import must not fail for want of a setting
             _log.warning("could not apply the trial's limits to %s: %s", self.hook.name, exc)
 
 
 def disarm() -> None:
-    """Drops the settings waiting for a later ``import tensorflow`` (an earlier trial's): a run
-    in a process that goes on after it (``train``, the final model) calls it at its end."""
+    """Drops the settings waiting for a later ``import tensorflow`` or ``import keras`` (an
+    earlier trial's): a run in a process that goes on after it (``train``, the final model)
+    calls it at its end."""
     sys.meta_path[:] = [f for f in sys.meta_path if not isinstance(f, _AfterImport)]
 
 

@@ -13,12 +13,14 @@ import functools
 import importlib
 import importlib.util
 import inspect
+import pkgutil
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
 from search.contract.context import ExportFn, TrainFn
 from search.contract.declare import declared
+from search.errors import closest, did_you_mean
 
 BUILTIN: dict[str, str] = {
     "torch_cnn": "trainables.torch.cnn:train",
@@ -66,6 +68,7 @@ def target(name: str) -> tuple[str, str]:
         known = ", ".join(sorted(BUILTIN))
         raise UnknownTrainableError(
             f"unknown trainable {name!r}: expected one of {known} or 'package.module:function'"
+            + did_you_mean(name, BUILTIN)
         )
     return module, func
 
@@ -83,7 +86,41 @@ def check_trainable(name: str) -> None:
     except (ImportError, ValueError):
         found = None
     if found is None:
-        raise UnknownTrainableError(f"trainable module {module!r} cannot be imported")
+        raise UnknownTrainableError(
+            f"trainable module {module!r} cannot be imported{module_hint(module)}"
+        )
+
+
+def module_hint(module: str) -> str:
+    """`` (did you mean 'examples.keras_fit.wine'?)`` for a misspelled ``module``: its first
+    part that cannot be found, against the modules beside it, and the rest as given (``''``
+    when none is close).
+
+    Example:
+        >>> module_hint("search.testng"), module_hint("nowhere_pkg.x")
+        (" (did you mean 'search.testing'?)", '')
+    """
+    parts = module.split(".")
+    for depth in range(1, len(parts) + 1):
+        parent = ".".join(parts[: depth - 1])
+        try:
+            spec = importlib.util.find_spec(".".join(parts[:depth]))
+        except (ImportError, ValueError):
+            spec = None
+        if spec is not None:
+            continue
+        try:
+            where = importlib.util.find_spec(parent) if parent else None
+        except (ImportError, ValueError):
+            return ""
+        path = None if where is None else where.submodule_search_locations
+        if parent and path is None:
+            return ""  # a module, not a package: nothing is beside the name
+        names = [m.name for m in pkgutil.iter_modules(path)]
+        match = closest(parts[depth - 1], names)
+        meant = ".".join([*parts[: depth - 1], match, *parts[depth:]]) if match else ""
+        return f" (did you mean {meant!r}?)" if meant else ""
+    return ""
 
 
 def resolve_function(name: str, what: str = "function") -> Any:
@@ -102,13 +139,16 @@ def resolve_function(name: str, what: str = "function") -> Any:
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:
+        hint = module_hint(module_name) if exc.name and module_name.startswith(exc.name) else ""
         raise UnknownTrainableError(
-            f"{what} {name!r}: cannot import {module_name!r} ({type(exc).__name__}: {exc})"
+            f"{what} {name!r}: cannot import {module_name!r} ({type(exc).__name__}: {exc}){hint}"
         ) from None
     fn = getattr(module, func_name, None)
     if not callable(fn):
+        functions = [k for k, v in vars(module).items() if callable(v) and not k.startswith("_")]
         raise UnknownTrainableError(
             f"{what} {name!r}: module {module_name!r} has no function {func_name!r}"
+            + did_you_mean(func_name, functions)
         )
     return fn
 

@@ -21,7 +21,8 @@ import yaml
 
 from search.handover import card, compare
 from search.handover.candidates import resolved_config
-from search.handover.confirm import ConfirmRun, Row, median_seed
+from search.handover.confirm import ConfirmRun, Row, median_seed, shortfall
+from search.handover.lineage import frameworks
 from search.handover.train import Log, train_spec
 from search.record.storage import redact
 from search.record.study import CONFIRM_FILE
@@ -125,6 +126,10 @@ def write_bundle(
     )
     seconds = time.monotonic() - session.start
     metrics = _metrics(session, chosen, rows, config, seed, final, history, seconds)
+    asked = len(rows) * len(session.seeds)
+    short = shortfall(runs, asked, spec.primary.metric, session.confirm.study_name)
+    if short is not None:  # said on the console as the runs ended; the card says it too
+        metrics["confirmation_shortfall"] = short
     metrics.update(extra or {})
     _write_files(session, out, metrics, runs, chosen.source_trial, card_note)
     session.log(
@@ -207,4 +212,5 @@ def _metrics(
         "final_seed_confirmation_value": chosen.values.get(seed),
         "final_history": list(history),
         "export_seconds": round(seconds, 1),
+        "frameworks": frameworks(),  # imported by the final model's training, just done
     }

@@ -36,8 +36,15 @@ PACKAGES = (
     "scikit-learn",
     "torch",
     "torchvision",
+    "lightning",
+    "pytorch-lightning",
+    "torchmetrics",
+    "transformers",
+    "tokenizers",
+    "accelerate",
     "tensorflow",
     "keras",
+    "tf2onnx",
     "onnx",
     "onnxruntime",
     "onnxscript",
@@ -289,6 +296,17 @@ def _inputs(
     return lines
 
 
+def _frameworks(metrics: Mapping[str, Any]) -> str:
+    """``torch 2.14.1, lightning 2.6.0`` (``metrics.json``'s ``frameworks``), or ``none``."""
+    return ", ".join(metrics.get("frameworks") or []) or "none of the known ones"
+
+
+def _short(metrics: Mapping[str, Any]) -> str:
+    """A paragraph when fewer confirmation runs ended with a value than were asked for."""
+    line = metrics.get("confirmation_shortfall")
+    return f"\n\n**Fewer confirmation runs than asked:** {line}." if line else ""
+
+
 def _data_line(spec: StudySpec) -> str:
     """What the study trained on, as the spec says it (a loader splits its data itself)."""
     data = spec.data
@@ -351,7 +369,7 @@ hyperparameter study `{spec.study}` ({summary.trials} trials), confirmed with
 
 **Final model:** {metric} **{_f(final.get(metric))}** on the validation split
 ({mode} is better); the config's confirmed mean is **{_f(rows[0]["mean"])} ± {_f(rows[0]["std"])}**
-(sample standard deviation over {len(seeds) - rows[0]["failed"]} seeds).
+(sample standard deviation over {len(seeds) - rows[0]["failed"]} seeds).{_short(metrics)}
 
 ## Files
 
@@ -362,7 +380,8 @@ hyperparameter study `{spec.study}` ({summary.trials} trials), confirmed with
 {chr(10).join(files)}
 - `metrics.json`: the confirmation table, the final metrics and the final run's curve.
 - `environment.txt`: Python, packages, git commits (this tool's and the trainable's
-  project), CPU and GPU, the data's loader and fingerprint (shapes, dtypes, sha256).
+  project), CPU and GPU, the data's loader and fingerprint (shapes, dtypes, sha256), and
+  the frameworks the final model was trained with: {_frameworks(metrics)}.
 
 ## How it was chosen
 

@@ -258,7 +258,25 @@ def _validation(
     return arrays, labels, f"{source} ({len(labels)})"
 
 
-def _target(folder: Path, declared: Declared | None) -> tuple[str, float, str] | str:
+def accuracy_name(config: Mapping[str, Any] | None) -> str:
+    """The study's own name of its validation accuracy (``eval_accuracy`` of a Hugging Face
+    study), read from ``config.yaml``'s objectives; ``val_accuracy`` when none names one.
+
+    Example:
+        >>> accuracy_name({"objective": [{"metric": "latency_ms"}, {"metric": "eval_accuracy"}]})
+        'eval_accuracy'
+        >>> accuracy_name({"objective": {"metric": "val_loss"}}), accuracy_name(None)
+        ('val_accuracy', 'val_accuracy')
+    """
+    objective = (config or {}).get("objective")
+    objectives = objective if isinstance(objective, list) else [objective]
+    metrics = [str(o.get("metric", "")) for o in objectives if isinstance(o, Mapping)]
+    return next((m for m in metrics if "accuracy" in m), "val_accuracy")
+
+
+def _target(
+    folder: Path, declared: Declared | None, name: str = "val_accuracy"
+) -> tuple[str, float, str] | str:
     """What the ONNX accuracy is compared with, as ``(how the report names it, value, file)``:
     the framework's accuracy on exactly the shipped rows when ``inputs.json`` has it (the
     whole split's, in ``metrics.json``, would compare a subset with the split), else
@@ -274,11 +292,12 @@ def _target(folder: Path, declared: Declared | None) -> tuple[str, float, str] |
     final = data.get("final") if isinstance(data, dict) else None
     if not isinstance(final, dict):
         return "metrics.json has no final metrics"
-    for key in TARGETS:
+    keys = list(dict.fromkeys([f"export_{name}", name, *TARGETS, f"onnx_{name}"]))
+    for key in keys:
         value = final.get(key)
         if isinstance(value, int | float) and math.isfinite(value):
             return f"exported {key}", float(value), "metrics.json"
-    return f"metrics.json's final metrics have no {' or '.join(TARGETS)}"
+    return f"metrics.json's final metrics have no {' or '.join(keys)}"
 
 
 def _not_classes(scores: np.ndarray, labels: np.ndarray) -> str:
@@ -294,6 +313,20 @@ def _not_classes(scores: np.ndarray, labels: np.ndarray) -> str:
     if labels.ndim != 1 or not numeric or not np.array_equal(labels, np.round(labels)):
         return f"the labels (shape {labels.shape}, {labels.dtype}) are not class numbers"
     return ""
+
+
+def no_onnx(folder: Path) -> str:
+    """The one line for a bundle without ``model.onnx``: how its export hook writes one (a
+    Keras model's first, when the bundle holds one)."""
+    keras = "search.keras.save_onnx(model, out_dir) (search.keras.train_and_save calls it)"
+    torch = "torch.onnx.export(model, example, out_dir / 'model.onnx', dynamo=False)"
+    how = f"{keras}; for PyTorch, {torch}"
+    if not any(folder.glob("*.keras")):
+        how = f"{torch}; for Keras, {keras}"
+    return (
+        f"no model.onnx in {folder} ({_listing(folder)}); this check runs ONNX models: write "
+        f"one from the export hook with {how}"
+    )
 
 
 def check_bundle(folder: str | Path) -> list[str]:
@@ -314,10 +347,7 @@ def check_bundle(folder: str | Path) -> list[str]:
         declared = None  # it describes another file (model.keras, a SavedModel)
     model = folder / (declared.model if declared else "model.onnx")
     if not model.is_file():
-        raise BundleError(
-            f"no model.onnx in {folder} ({_listing(folder)}); this check runs ONNX models: "
-            "write one from the export hook (torch.onnx.export, tf2onnx)"
-        )
+        raise BundleError(no_onnx(folder))
     config = _config(folder)
     trainable = str((config or {}).get("trainable", ""))
     builtin = trainable in BUILTIN
@@ -371,7 +401,8 @@ def check_bundle(folder: str | Path) -> list[str]:
         raise BundleCheckFailed(problem, lines)
 
     val = _validation(folder, declared, inputs, builtin)
-    target = _target(folder, declared)
+    name = accuracy_name(config)
+    target = _target(folder, declared, name)
     if isinstance(val, str) or isinstance(target, str):
         why = val if isinstance(val, str) else target
         lines.append(f"validation accuracy: not checked ({why})")
@@ -417,7 +448,7 @@ def check_bundle(folder: str | Path) -> list[str]:
     accuracy = float((scores.argmax(axis=1) == labels).mean())
     diff, allowed = abs(accuracy - exported), 1.0 / n
     lines.append(
-        f"val_accuracy {accuracy:.4f} (onnx, {what}) vs {exported:.4f} ({how}): "
+        f"{name} {accuracy:.4f} (onnx, {what}) vs {exported:.4f} ({how}): "
         f"difference {diff:.4f}, allowed {allowed:.4f} (one example)"
     )
     if diff > allowed:

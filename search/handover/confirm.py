@@ -7,14 +7,18 @@
    for every candidate, none of them a seed the search used), as plain ``ray.remote`` tasks
    with one trial's resources and a trial's threads and GPU memory cap
    (:func:`search.compute.limits.prepare`, user attribute ``limits`` as on a trial), at most
-   ``resources.max_concurrent`` at once (search trials
+   ``resources.max_concurrent`` at once, and the retries of a trial: a run that raised (but
+   not one of :data:`search.run.worker.NOT_RETRIED`, which fail the same way every time) or
+   whose process died starts again, up to ``faults.max_failures`` times, each retry said in
+   one line and kept in the user attributes ``retries`` and ``retried_after`` (search trials
    already had their chance to be lucky; new seeds measure the config, not the draw). Every
    run is recorded in the study ``<study>-confirm`` of ``results/<study>/confirm.db``, with its
    intermediate values and the user attributes ``role: confirmation``, ``source_trial``,
    ``seed``, ``export_run``; the search study itself is left alone, so its sampler and
    ``best_trial`` see search trials only. The confirmation study has one objective, the
    primary one (each run's value); every metric of a run's last epoch is in its user
-   attribute ``final_metrics``.
+   attribute ``final_metrics``. When fewer runs than asked end with a value, one line says
+   so (:func:`shortfall`), and so does the model card.
 3. **Choice** (:func:`confirmation_table`): the candidate with the fewest failed runs, then
    the best mean (spread: sample standard deviation, min and max).
 
@@ -39,6 +43,7 @@ from search.handover.train import Log, train_once
 from search.record.storage import open_storage, redacted_spec
 from search.record.study import CONFIRM_SUFFIX, confirm_storage
 from search.run.cluster import init_ray
+from search.run.worker import NOT_RETRIED
 from search.spec.schema import parse_spec
 
 if TYPE_CHECKING:
@@ -65,6 +70,12 @@ class ConfirmRun:
     limits: dict[str, Any] = field(default_factory=dict)
     """What the run's process got (:func:`search.compute.limits.apply_limits`), as a trial's
     user attribute ``limits``."""
+    retriable: bool = False
+    """Whether it failed by an error that a retry may not meet again (it raised, but not one
+    of :data:`~search.run.worker.NOT_RETRIED`; or its process died)."""
+    retries: int = 0
+    retried_after: list[str] = field(default_factory=list)
+    """The error of each attempt that was retried, one line each."""
 
     def value(self, metric: str) -> float | None:
         """The metric of the last epoch, or ``None`` when the run failed or lacks it."""
@@ -147,6 +158,7 @@ def _confirm_task(
             )
         except Exception as exc:  # the run fails, the export goes on with the others
             run.fail_reason = f"{type(exc).__name__}: {one_line(str(exc))}"[:500]
+            run.retriable = not isinstance(exc, NOT_RETRIED)
     run.seconds = time.monotonic() - start
     return run
 
@@ -173,7 +185,10 @@ def record_run(
         "seconds": round(run.seconds, 3),
         "device": run.device,
         "node": run.node,
+        "retries": run.retries,
     }
+    if run.retried_after:
+        attrs["retried_after"] = run.retried_after
     if run.limits:
         attrs["limits"] = run.limits
     if run.fail_reason:
@@ -225,7 +240,7 @@ def run_confirmation(
     task = ray.remote(_confirm_task).options(
         num_cpus=spec.resources.cpus_per_trial or 1.0,
         num_gpus=float(spec.resources.gpus_per_trial or 0.0),
-        max_retries=spec.faults.max_failures,
+        max_retries=0,  # retried below, as a trial is, and counted
         name="search-confirm",
     )
     data_ref = ray.put(data)
@@ -235,6 +250,7 @@ def run_confirmation(
     queue = [(c, seed) for c in cands for seed in seeds]
     total, limit = len(queue), spec.resources.max_concurrent or len(queue)
     pending: dict[Any, tuple[int, int]] = {}
+    earlier: dict[tuple[int, int], list[str]] = {}  # (trial, seed) -> errors of its retries
     runs: list[ConfirmRun] = []
     metric = spec.primary.metric
     while queue or pending:
@@ -244,21 +260,80 @@ def run_confirmation(
             pending[task.remote(spec_data, config, seed, c.number, data_ref)] = (c.number, seed)
         ready, _ = ray.wait(list(pending), num_returns=1)
         number, seed = pending.pop(ready[0])
-        try:
-            run = ray.get(ready[0])
-        except Exception as exc:  # the worker died (out of memory, killed) or setup failed
-            cause = getattr(exc, "cause", None) or exc
-            last = (str(cause).strip().splitlines() or [""])[-1]
-            run = ConfirmRun(
-                number, seed, fail_reason=f"{type(cause).__name__}: {one_line(last)[:300]}"
-            )
+        run = _result(ready[0], number, seed)
+        if _retried(run, earlier.setdefault((number, seed), []), spec.faults.max_failures, log):
+            queue.insert(0, (by_number[number], seed))  # it starts again before the others
+            continue
         record_run(confirm, run, by_number[number], metric, export_run)
         runs.append(run)
+        retried = f" after {run.retries} retr{'y' if run.retries == 1 else 'ies'}"
         log(
             f"confirm {len(runs):>2}/{total}: trial {number:>3} seed {seed} "
             f"epochs {len(run.history):>3} {_shown(run, spec)} ({run.seconds:.1f} s)"
+            + (retried if run.retries else "")
         )
+    if (short := shortfall(runs, total, metric, confirm.study_name)) is not None:
+        log(short)
     return runs
+
+
+def _retried(run: ConfirmRun, earlier: list[str], max_failures: int, log: Log) -> bool:
+    """Whether ``run`` starts again, as a trial would (``faults.max_failures``): said in one
+    line, its error added to ``earlier`` (the errors of its attempts so far, which the run
+    keeps as ``retried_after``)."""
+    run.retried_after, run.retries = earlier, len(earlier)
+    if not (run.retriable and run.fail_reason and run.retries < max_failures):
+        return False
+    earlier.append(run.fail_reason)
+    log(
+        f"confirm: trial {run.source_trial} seed {run.seed} failed ({run.fail_reason}); "
+        f"retry {run.retries + 1} of {max_failures} (faults.max_failures)"
+    )
+    return True
+
+
+def _result(ref: Any, number: int, seed: int) -> ConfirmRun:
+    """The run a finished task returned, or a failed run when its process died (out of
+    memory, killed) or its setup failed: retriable, as a trial whose process died."""
+    import ray
+
+    try:
+        run: ConfirmRun = ray.get(ref)
+    except Exception as exc:
+        cause = getattr(exc, "cause", None) or exc
+        last = (str(cause).strip().splitlines() or [""])[-1]
+        reason = f"{type(cause).__name__}: {one_line(last)[:300]}"
+        return ConfirmRun(number, seed, fail_reason=reason, retriable=True)
+    return run
+
+
+def shortfall(runs: Sequence[ConfirmRun], asked: int, metric: str, study: str) -> str | None:
+    """One line when fewer than ``asked`` runs ended with a value of ``metric``: how many,
+    and the first failure's reason; ``None`` when every run asked for did.
+
+    Example:
+        >>> ok = ConfirmRun(0, 1, history=[{"acc": 0.9}])
+        >>> bad = ConfirmRun(0, 2, fail_reason="RecursionError: too deep", retries=2)
+        >>> shortfall([ok, bad], 2, "acc", "s-confirm")  # doctest: +NORMALIZE_WHITESPACE
+        "confirmed 1 of 2 runs asked for: 1 failed (trial 0 seed 2:
+        RecursionError: too deep); each run's fail_reason is in study 's-confirm'"
+    """
+    failed = sorted((r for r in runs if r.value(metric) is None), key=_order)
+    done = len(runs) - len(failed)
+    if done >= asked:
+        return None
+    why = ", ".join(
+        f"trial {r.source_trial} seed {r.seed}: {r.fail_reason or f'no {metric}'}"
+        for r in failed[:1]
+    )
+    return (
+        f"confirmed {done} of {asked} runs asked for: {len(failed)} failed"
+        f"{f' ({why})' if why else ''}; each run's fail_reason is in study {study!r}"
+    )
+
+
+def _order(run: ConfirmRun) -> tuple[int, int]:
+    return run.source_trial, run.seed
 
 
 def _shown(run: ConfirmRun, spec: StudySpec) -> str:

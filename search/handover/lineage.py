@@ -8,17 +8,23 @@ made *from*:
     data loader myproj.data:load {"path": "data.csv", "rows": 500}
     data x_train float32 (400, 30), y_train int64 (400,), x_val float32 (100, 30), ...
     data sha256 9b1c...
+    frameworks torch 2.14.1, lightning 2.6.0, torchmetrics 1.9.0
 
 The project is the git checkout holding the trainable's module file (``not a git checkout``
 when there is none); the hash covers the four arrays' dtypes, shapes and bytes, in order.
+The frameworks are those of :data:`FRAMEWORKS` that the process writing the bundle imported:
+``export`` trains the final model in it, so they are the ones its trainable used (and that
+``metrics.json``, the model card and the registry's ``search.frameworks`` name).
 """
 
 from __future__ import annotations
 
 import hashlib
+import importlib.metadata
 import importlib.util
 import json
 import subprocess
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -29,6 +35,28 @@ if TYPE_CHECKING:
     from search.contract.dataset import Dataset
     from search.spec.schema import DataSpec
 
+FRAMEWORKS = {
+    "torch": "torch",
+    "torchvision": "torchvision",
+    "lightning": "lightning",
+    "pytorch_lightning": "pytorch-lightning",
+    "torchmetrics": "torchmetrics",
+    "transformers": "transformers",
+    "tokenizers": "tokenizers",
+    "accelerate": "accelerate",
+    "datasets": "datasets",
+    "peft": "peft",
+    "timm": "timm",
+    "tensorflow": "tensorflow",
+    "keras": "keras",
+    "tf_keras": "tf-keras",
+    "jax": "jax",
+    "flax": "flax",
+    "sklearn": "scikit-learn",
+    "xgboost": "xgboost",
+    "lightgbm": "lightgbm",
+}
+"""Module -> distribution of the training frameworks a bundle names when they are imported."""
 ARRAYS = ("x_train", "y_train", "x_val", "y_val")
 """The arrays of a :class:`~search.contract.Dataset` the fingerprint covers, in order."""
 
@@ -111,6 +139,21 @@ def data_lines(data: Dataset | None, spec: DataSpec | None) -> list[str]:
     return lines
 
 
+def frameworks() -> list[str]:
+    """``torch 2.14.1``, ... for each of :data:`FRAMEWORKS` this process imported, in its
+    order (module docstring)."""
+    found = []
+    for module, distribution in FRAMEWORKS.items():
+        if module not in sys.modules:
+            continue
+        try:
+            found.append(f"{distribution} {importlib.metadata.version(distribution)}")
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return found
+
+
 def lineage_lines(trainable: str, data: Dataset | None, spec: DataSpec | None) -> list[str]:
-    """Every lineage line: the project's commit, then the data's."""
-    return [project_commit(trainable), *data_lines(data, spec)]
+    """Every lineage line: the project's commit, the data's, then the frameworks imported."""
+    used = ", ".join(frameworks()) or "none of " + ", ".join(FRAMEWORKS.values())
+    return [project_commit(trainable), *data_lines(data, spec), f"frameworks {used}"]

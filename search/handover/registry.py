@@ -174,6 +174,7 @@ def _lineage(folder: Path, metrics: dict[str, Any], config: dict[str, Any]) -> d
         "data": json.dumps(config.get("data") or {}, sort_keys=True),
         "data_fingerprint": data_fingerprint(folder, config),
         "confirm_study": metrics.get("confirm_study", ""),
+        "frameworks": ", ".join(metrics.get("frameworks") or []),
         "environment": env[:5000],
     }
     for line in env.splitlines():

@@ -195,9 +195,19 @@ def epoch_line(epoch: int, metrics: Mapping[str, float], spec: StudySpec) -> str
 
 
 def no_hook(trainable: str) -> str:
-    """The one line for a trainable without an export hook."""
+    """The one line for a trainable without an export hook: how to declare one.
+
+    Example:
+        >>> no_hook("proj.model:fit")  # doctest: +NORMALIZE_WHITESPACE
+        "trainable 'proj.model:fit' has no export hook: declare one below the function with
+        @fit.exporter, def export(config, data, ctx, out_dir), which trains to the end, saves
+        the model into out_dir and returns its metrics (search.keras.train_and_save does all of
+        it for a Keras fit)"
+    """
+    function = trainable.rpartition(":")[2] or "train"
     return (
-        f"trainable {trainable!r} has no export hook: define export(config, data, ctx, "
-        "out_dir) and declare it with @train.exporter below its train function (see "
-        "search.trainable)"
+        f"trainable {trainable!r} has no export hook: declare one below the function with "
+        f"@{function}.exporter, def export(config, data, ctx, out_dir), which trains to the "
+        "end, saves the model into out_dir and returns its metrics "
+        "(search.keras.train_and_save does all of it for a Keras fit)"
     )

@@ -98,6 +98,9 @@ class TrialRecord:
     error: str | None = None
     errored: bool = False
     retries: int = 0
+    retried_after: list[str] = field(default_factory=list)
+    """The error of each attempt that was retried, one line each (user attribute
+    ``retried_after``)."""
     interrupted: str | None = None
     """What cut the trial short from outside: ``"time limit"``, ``"interrupt"``, ``"budget"``
     or one of :data:`WORLD`."""
@@ -214,6 +217,8 @@ class TrialRecord:
             "seconds": round(float(self.last.get("time_total_s", 0.0)), 3),
             "retries": self.retries,
         }
+        if self.retried_after:
+            attrs["retried_after"] = list(self.retried_after)
         if self.interrupted and not self.pruned and self.epochs < self.max_epochs:
             attrs["stopped_by"] = self.interrupted
         for key in (DEVICE, NODE, REPLICAS):

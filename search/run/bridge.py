@@ -214,10 +214,13 @@ class OptunaBridge(Searcher):
                 record.log = log
                 trial.set_user_attr("log", log)
 
-    def record_retry(self, trial_id: str) -> None:
-        """Called by :class:`ErrorCallback` when Ray retries a trial from its checkpoint."""
+    def record_retry(self, trial_id: str, reason: str | None = None) -> None:
+        """Called by :class:`ErrorCallback` when Ray retries a trial from its checkpoint, with
+        the one-line error of the attempt that failed."""
         if trial_id in self._live:
-            self._live[trial_id][1].retries += 1
+            record = self._live[trial_id][1]
+            record.retries += 1
+            record.retried_after.append(reason or "the trial raised an error")
 
     def finalize(self, cause: str = "interrupt", cut: bool = False) -> None:
         """Tells every trial still open its fate: errored, or cut off by ``cause`` (the time
@@ -343,9 +346,10 @@ class ErrorCallback(Callback):
         error = _trial_error(trial)
         if self._fault.met(error, trial.trial_id):
             return
-        if self._deaths.reason(trial, error, _log(trial)) and not node_lost(error):
+        death = self._deaths.reason(trial, error, _log(trial))
+        if death and not node_lost(error):
             self._deaths.hold(trial)  # a lost node says nothing of the next attempt
-        self._bridge.record_retry(trial.trial_id)
+        self._bridge.record_retry(trial.trial_id, death or error_summary(error))
 
 
 def _log(trial: Trial) -> Path | None:

@@ -15,6 +15,7 @@ A trial silent for longer than ``faults.stall_s`` is killed as hung (:mod:`searc
 from __future__ import annotations
 
 import logging
+import os
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import replace
@@ -25,8 +26,8 @@ from ray.tune.stopper import CombinedStopper
 from search.compute.gpu_memory import measure
 from search.compute.job import trial_job
 from search.compute.placement import Placement, resolve
-from search.contract import declarations
-from search.record.fate import DISK_FULL, TERMINATED
+from search.contract import RESERVED_PREFIX, declarations
+from search.record.fate import DISK_FULL, NUMBER, TERMINATED
 from search.record.queries import EPOCHS_FILE, append_epochs, objective_curves, read_epochs
 from search.record.resume import earlier_curves
 from search.record.samplers import configure
@@ -52,6 +53,7 @@ if TYPE_CHECKING:
 
     import optuna
     from ray.tune import Callback, Stopper
+    from ray.tune.experiment import Trial
 
     from search.run.data import SharedData
     from search.run.options import RunOptions
@@ -222,6 +224,8 @@ def _tuner(
             scheduler=scheduler,
             num_samples=budget,
             reuse_actors=True,
+            trial_name_creator=trial_name,
+            trial_dirname_creator=trial_dirname,
         ),
         run_config=tune.RunConfig(
             name=spec.study,
@@ -243,6 +247,31 @@ def _tuner(
             checkpoint_config=tune.CheckpointConfig(num_to_keep=2),
         ),
     )
+
+
+def trial_name(trial: Trial) -> str:
+    """``trial_3``: the study's trial number (Ray's own count starts at 1, and runs on across
+    the runs of a study); Ray's trial id when the config has none."""
+    number = trial.config.get(NUMBER)
+    return f"trial_{number}" if number is not None else f"trial_{trial.trial_id}"
+
+
+def trial_dirname(trial: Trial) -> str:
+    """The trial's folder under ``results/ray/<study>/``: ``trial_3_lr=0.0354,units=16_8a2f1c3e``
+    (:func:`trial_name`, its sampled and fixed values, cut at :data:`PARAMS_IN_DIRNAME`
+    characters, and Ray's trial id, which keeps it unique)."""
+    shown = ",".join(
+        f"{key}={value:.4g}" if isinstance(value, float) else f"{key}={value}"
+        for key, value in trial.config.items()
+        if not key.startswith(RESERVED_PREFIX)
+    )
+    shown = shown[:PARAMS_IN_DIRNAME].replace(os.sep, "_")  # a path as a value
+    parts = (trial_name(trial), shown, trial.trial_id)
+    return "_".join(part for part in parts if part)
+
+
+PARAMS_IN_DIRNAME = 100
+"""The most characters of a trial's values in its folder's name."""
 
 
 def place(spec: StudySpec, data: SharedData) -> Placement:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ray.tune import Callback
@@ -31,6 +31,7 @@ from rich.markup import escape
 from rich.text import Text
 
 from search.record.fate import EPOCH
+from search.run import terminal
 
 if TYPE_CHECKING:
     from ray.tune.experiment import Trial
@@ -48,6 +49,18 @@ def duration(seconds: float) -> str:
     if seconds < 3600:
         return f"{int(seconds // 60)}m{int(seconds % 60):02d}s"
     return f"{int(seconds // 3600)}h{int(seconds % 3600 // 60):02d}m"
+
+
+def retried(attrs: Mapping[str, Any]) -> str:
+    """`` (retried 1 time after RecursionError: ...)`` for a trial Ray had to retry (its
+    user attributes ``retries`` and ``retried_after``), else nothing."""
+    count = int(attrs.get("retries") or 0)
+    if not count:
+        return ""
+    after = attrs.get("retried_after") or []
+    last = f" after {after[-1]}" if after else ""
+    times = "time" if count == 1 else "times"
+    return f" [yellow](retried {count} {times}{escape(last)})[/yellow]"
 
 
 class ProgressCallback(Callback):
@@ -79,7 +92,7 @@ class ProgressCallback(Callback):
         live: bool | None = None,
     ) -> None:
         self._bridge, self._metric, self._mode, self._total = bridge, metric, mode, total
-        self._console = console or Console(stderr=True, highlight=False)
+        self._console = console or terminal.console(stderr=True)
         self._milestones = tuple(int(m) for m in milestones)
         self._max_epochs, self._time_limit = max_epochs, time_limit_s
         self._want_live = self._console.is_terminal if live is None else live
@@ -98,7 +111,7 @@ class ProgressCallback(Callback):
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
-        self._console = Console(stderr=True, highlight=False)
+        self._console = terminal.console(stderr=True)
 
     # --- what is shown -------------------------------------------------------------------
 
@@ -246,6 +259,7 @@ class ProgressCallback(Callback):
             ]
             if files:
                 why += f" [dim]({'; '.join(files)})[/dim]"
+        why += retried(outcome.attrs if outcome is not None else {})
         self._console.print(
             f"[dim][{time.monotonic() - self._start:7.1f}s {self._done:>3}/{self._total}][/dim] "
             f"trial {number:>3} [{style}]{state:<8}[/{style}] epoch {epoch:>3} "

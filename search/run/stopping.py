@@ -18,7 +18,6 @@ did not read it: the space should say so with ``when:``, or Optuna samples it fo
 
 from __future__ import annotations
 
-import difflib
 import re
 import time
 from collections.abc import Callable, Collection, Sequence
@@ -26,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from ray.tune.stopper import Stopper
 
+from search.errors import closest
 from search.run.scheduler import TIME_ATTR
 
 if TYPE_CHECKING:
@@ -85,11 +85,11 @@ def unread_message(source: str, trainable: str, unread: Sequence[str], known: Se
         "s.yaml: space keys 'a', 'zz' are never read by trainable m:f (remove them, or give \
 them a when: if only some configs read them)"
     """
-    hints = [difflib.get_close_matches(key, known, n=1) for key in unread]
+    hints = [closest(key, known) for key in unread]
     names = ", ".join(repr(key) for key in unread)
     told = "space key " + names + " is" if len(unread) == 1 else "space keys " + names + " are"
     line = f"{source}: {told} never read by trainable {trainable}"
-    meant = [repr(match[0]) for match in hints if match]
+    meant = [repr(match) for match in hints if match]
     if meant:
         return f"{line} (did you mean {', '.join(meant)}?)"
     them = "it" if len(unread) == 1 else "them"

@@ -16,7 +16,7 @@ import math
 import re
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args, get_origin
 
 import yaml
 from pydantic import (
@@ -30,7 +30,7 @@ from pydantic import (
 )
 
 from search.contract import BUILTIN, UnknownTrainableError, check_trainable
-from search.errors import SpecError
+from search.errors import SpecError, did_you_mean
 from search.spec.pinned import PINNED
 from search.spec.space import Param, check_config, check_space, grid
 
@@ -408,10 +408,63 @@ def _error_line(exc: ValidationError) -> tuple[str, str]:
     if _FIELD_PREFIX.match(msg) and (not loc or msg.startswith(f"{loc}.")):
         loc, msg = msg.split(": ", 1)
     if err["type"] == "extra_forbidden":
-        msg = "unknown key"
+        msg = _unknown_key(loc, err.get("input"))
     elif isinstance(err.get("input"), str | int | float | bool) and "got" not in msg:
         msg = f"{msg}, got {err['input']!r}"
     return loc, msg
+
+
+def _unknown_key(loc: str, value: Any) -> str:
+    """``unknown key``, and what was meant where it can tell: a key of its block it misspells,
+    or, at the top level, a knob of the trainable (it goes under ``space:`` or ``fixed:``).
+
+    Example:
+        >>> _unknown_key("budjet", 3), _unknown_key("budget.trails", 3)
+        ("unknown key (did you mean 'budget'?)", "unknown key (did you mean 'trials'?)")
+        >>> _unknown_key("hidden", {"choice": [32, 64]})
+        'unknown key; a knob to search goes under space: (space: {hidden: {choice: ...}})'
+    """
+    *block, key = loc.split(".")
+    hint = did_you_mean(key, _keys_at(block))
+    if hint or block:
+        return f"unknown key{hint}"
+    if isinstance(value, Mapping) and (found := sorted(set(value) & _keys_at(["space", key]))):
+        where = f"space: {{{key}: {{{found[0]}: ...}}}}"
+        return f"unknown key; a knob to search goes under space: ({where})"
+    return (
+        f"unknown key; a knob of the trainable goes under fixed: (fixed: {{{key}: ...}}), "
+        "or under space: to search it"
+    )
+
+
+def _keys_at(block: list[str]) -> set[str]:
+    """The keys a spec accepts in ``block`` (``[]``: the top level; ``["budget"]``;
+    ``["space", "lr"]``), as written in YAML (aliases such as ``int``); empty where any key
+    goes (``fixed:``) or the block is unknown."""
+    model: Any = StudySpec
+    free = False  # the part is a key of the user's (a knob of space:), not a field
+    for part in block:
+        if free or part.isdigit():  # a knob's name, or an index into a list
+            free = False
+            continue
+        field = getattr(model, "model_fields", {}).get(part)
+        if field is None or (model := _model_in(field.annotation)) is None:
+            return set()
+        free = get_origin(field.annotation) is dict
+    if free:
+        return set()
+    return {field.alias or name for name, field in model.model_fields.items()}
+
+
+def _model_in(annotation: Any) -> Any:
+    """The pydantic model an annotation holds (``X``, ``X | None``, ``list[X]``,
+    ``dict[str, X]``), else ``None``."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in reversed(get_args(annotation)):
+        if (found := _model_in(arg)) is not None:
+            return found
+    return None
 
 
 def _non_finite(data: Any, path: str = "") -> tuple[str, float] | None:

@@ -31,6 +31,10 @@ def curve(config: Mapping[str, Any], data: Dataset, ctx: TrialContext) -> Iterat
         lr: Above 1.0 the loss turns NaN at epoch 2 (an exploding run).
         raise_at: Epoch at which the trainable raises ``ValueError``, every attempt.
         fail_once_at: Epoch at which the first attempt raises ``RuntimeError``.
+        fail_once_in: A folder: the first attempt of each trial number and seed raises
+            ``RuntimeError`` at epoch 1, and leaves a file there that later attempts, in any
+            process, find (a run without a Tune checkpoint, as a confirmation run).
+        raise_above: Every attempt raises ``ValueError`` at epoch 1 when ``x`` is above it.
         die_at: Epoch at which the process dies, every attempt: by ``die_by``, ``"exit"``
             (``os._exit(3)``, the default) or ``"segfault"`` (a read of address 0: SIGSEGV).
         stop_at: Epoch after which it stops on its own (early stopping).
@@ -55,6 +59,7 @@ def curve(config: Mapping[str, Any], data: Dataset, ctx: TrialContext) -> Iterat
     if ctx.restore_dir is not None:  # the saved state must be there and agree with the epoch
         saved = json.loads((Path(ctx.restore_dir) / "state.json").read_text())
         assert saved["epoch"] == ctx.start_epoch - 1
+    _fail_first(config, ctx, quality)
     for epoch in range(ctx.start_epoch, ctx.max_epochs + 1):
         if config.get("raise_at") == epoch:
             raise ValueError(f"synthetic failure at epoch {epoch}")
@@ -77,6 +82,18 @@ def curve(config: Mapping[str, Any], data: Dataset, ctx: TrialContext) -> Iterat
         if config.get("stop_at") == epoch:
             return
         time.sleep(float(config.get("sleep", 0.0)))
+
+
+def _fail_first(config: Mapping[str, Any], ctx: TrialContext, quality: float) -> None:
+    """``fail_once_in`` and ``raise_above`` of :func:`curve`, before its first epoch."""
+    if "raise_above" in config and quality > float(config["raise_above"]):
+        raise ValueError(f"x={quality} is above raise_above")
+    if config.get("fail_once_in"):
+        mark = Path(str(config["fail_once_in"])) / f"{ctx.trial_number}-{ctx.seed}"
+        if not mark.exists():
+            mark.parent.mkdir(parents=True, exist_ok=True)
+            mark.touch()
+            raise RuntimeError(f"transient failure of trial {ctx.trial_number} seed {ctx.seed}")
 
 
 def _die(config: Mapping[str, Any], epoch: int) -> None:
