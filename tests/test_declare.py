@@ -104,5 +104,5 @@ def test_a_trainable_without_an_export_hook_is_pointed_at_train_exporter() -> No
     from search.handover.train import no_hook
 
     line = no_hook("mod:fn")
-    assert "@train.exporter" in line and "search.trainable" in line
+    assert "@fn.exporter" in line and "def export(config, data, ctx, out_dir)" in line
     assert "search/" not in line and "\n" not in line
