@@ -293,6 +293,8 @@ def _print_good_start(args: argparse.Namespace) -> None:
     import tempfile
 
     sampler = args.samplers[0]
+    if sampler == SEQUENTIAL:
+        raise SystemExit(f"error: --good-start: {SEQUENTIAL} has no start_from; name another")
     marks = [m for m in (10, 25, 50) if m <= args.trials]
     print(f"sampler {sampler}")
     print("| table | K | start | " + " | ".join(f"@{m}" for m in marks) + " |")
