@@ -1,4 +1,5 @@
-"""Multi-fidelity quality (issue 22, part 2): does early stopping reach the same regret for less?
+"""Multi-fidelity quality (issues 22 and 33): does early stopping reach the same regret for less,
+and does it hold when many trials run at once?
 
 Each study runs through the real command line, ``python -m search run SPEC --address ADDR``,
 one cold subprocess per (task, scheduler, seed), all joining one local Ray head with logical
@@ -18,15 +19,22 @@ compute on more configs. Tasks:
                seconds, regret the best val_accuracy any run reached minus the study's best
     overfit    the same on ``spaces/overfit.yaml`` (43 digits, a wide CNN, grace 10, factor 2)
 
+Every study samples with ``--sampler`` (default ``auto``, the project's default, planned for
+the study's ``max_concurrent``) and runs ``--concurrency`` trials at once; several values run
+the same studies at each (the head gets as many logical CPUs as the largest).
+
 Then (``benchmarks/multifidelity_report.py``): the compute each scheduler spent to reach the
 no-pruning study's final regret, per seed, and the median over seeds, against the no-pruning
-study's total (the target: at most 1/3). Writes under results/benchmarks/multifidelity/:
-``<name>.db`` (the studies), ``<name>_runs.csv``, ``<name>_trials.csv``, ``<name>.png`` and
-``<name>.md`` (the table), where the name is the task (``hartmann-<preset>`` for Hartmann).
+study's total (the target: at most 1/3); and across concurrencies, each scheduler's final
+regret and its regret at the compute every concurrency spent (issue 33: 16 at once no worse
+than 4 at once). Writes under results/benchmarks/multifidelity/: ``<name>.db`` (the studies),
+``<name>_runs.csv``, ``<name>_trials.csv``, ``<name>.png`` and ``<name>.md`` (the table),
+where the name is the task (``hartmann-<preset>`` for Hartmann) and ``-k<K>`` (with
+``-<sampler>`` for another than ``auto``), and ``<task>-concurrency.md`` across them.
 
-    python benchmarks/multifidelity.py hartmann --preset good       # and --preset mfh6
-    python benchmarks/multifidelity.py cnn150 --trials 16 --epochs 9 --more 3
-    python benchmarks/multifidelity.py hartmann --report-only
+    python benchmarks/multifidelity.py hartmann --preset good --concurrency 1 4 16  # and mfh6
+    python benchmarks/multifidelity.py cnn150 --trials 16 --epochs 9 --more 3 --concurrency 1 4 16
+    python benchmarks/multifidelity.py hartmann --concurrency 1 4 16 --report-only
 """
 
 from __future__ import annotations
@@ -100,7 +108,7 @@ def study_spec(args: argparse.Namespace, scheduler: str, seed: int) -> dict[str,
     spec["study"] = f"{args.name}-{scheduler}-s{seed}"
     spec["budget"]["trials"] = trials
     spec["asha"] = {**spec.get("asha", {}), **SCHEDULERS[scheduler]}
-    spec["sampler"] = {"name": "tpe", "seed": seed}
+    spec["sampler"] = {"name": args.sampler, "seed": seed}
     spec["storage"] = storage(args)
     return spec
 
@@ -128,17 +136,29 @@ def run_study(spec: dict[str, Any], address: str, env: dict[str, str]) -> float:
 
 
 def run_all(args: argparse.Namespace) -> None:
-    """Every (seed, scheduler) study, seed by seed, on one shared local Ray head."""
+    """Every (concurrency, seed, scheduler) study, concurrency by concurrency and seed by
+    seed, on one shared local Ray head."""
     from benchmarks.scale_head import Head, driver_env
 
-    walls = _load_walls(args)
-    with Head(num_cpus=args.concurrency) as head:
+    with Head(num_cpus=max(args.concurrencies)) as head:
         env = driver_env()
-        for seed in args.seeds:
-            for scheduler in args.schedulers:
-                spec = study_spec(args, scheduler, seed)
-                walls[spec["study"]] = run_study(spec, head.address, env)
-                _walls_file(args).write_text(json.dumps(walls, indent=1))
+        for one in at_each(args):
+            walls = _load_walls(one)
+            for seed in one.seeds:
+                for scheduler in one.schedulers:
+                    spec = study_spec(one, scheduler, seed)
+                    walls[spec["study"]] = run_study(spec, head.address, env)
+                    _walls_file(one).write_text(json.dumps(walls, indent=1))
+
+
+def at_each(args: argparse.Namespace) -> list[argparse.Namespace]:
+    """The arguments at each of ``--concurrency``, each with its name (module text)."""
+    base = f"hartmann-{args.preset}" if args.task == "hartmann" else args.task
+    sampler = "" if args.sampler == "auto" else f"-{args.sampler}"
+    return [
+        argparse.Namespace(**{**vars(args), "concurrency": k, "name": f"{base}-k{k}{sampler}"})
+        for k in args.concurrencies
+    ]
 
 
 def _walls_file(args: argparse.Namespace) -> Path:
@@ -178,22 +198,14 @@ def summarize(args: argparse.Namespace) -> str:
     import optuna
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
-    score, seconds = _score_and_seconds(args)
     walls = _load_walls(args)
-    studies: dict[tuple[str, int], list[report.Step]] = {}
-    trial_rows = []
-    for seed in args.seeds:
-        for scheduler in args.schedulers:
-            name = f"{args.name}-{scheduler}-s{seed}"
-            try:
-                steps = report.read_steps(storage(args), name, score, seconds)
-            except KeyError:  # this study was not run
-                continue
-            studies[(scheduler, seed)] = steps
-            trial_rows += [{"scheduler": scheduler, "seed": seed, **vars(s)} for s in steps]
-    offset = 0.0
-    if args.task != "hartmann":  # regret against the best val_accuracy any run reached
-        offset = min((s.best for steps in studies.values() for s in steps), default=0.0)
+    studies = read_studies(args)
+    trial_rows = [
+        {"scheduler": scheduler, "seed": seed, **vars(s)}
+        for (scheduler, seed), steps in studies.items()
+        for s in steps
+    ]
+    offset = _offset(args, [studies])
     walls_by_key = {k: walls.get(f"{args.name}-{k[0]}-s{k[1]}", math.nan) for k in studies}
     rows = report.rows_for(args.name, studies, walls_by_key, offset)
     report.write_csv(OUT / f"{args.name}_runs.csv", rows)
@@ -203,6 +215,48 @@ def summarize(args: argparse.Namespace) -> str:
     unit = "sim s" if args.task == "hartmann" else "train s"
     text = f"### {_title(args)}\n\n{report.table(rows, unit)}\n\n{_correlations(args)}\n"
     (OUT / f"{args.name}.md").write_text(text)
+    return text
+
+
+def read_studies(args: argparse.Namespace) -> dict[tuple[str, int], list[report.Step]]:
+    """The steps of every study of ``args.name`` that ran, by (scheduler, seed)."""
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    score, seconds = _score_and_seconds(args)
+    studies: dict[tuple[str, int], list[report.Step]] = {}
+    for seed in args.seeds:
+        for scheduler in args.schedulers:
+            name = f"{args.name}-{scheduler}-s{seed}"
+            try:
+                studies[(scheduler, seed)] = report.read_steps(storage(args), name, score, seconds)
+            except KeyError:  # this study was not run
+                continue
+    return studies
+
+
+Studies = dict[tuple[str, int], list[report.Step]]
+"""A task's studies at one concurrency: their steps by (scheduler, seed)."""
+
+
+def _offset(args: argparse.Namespace, groups: list[Studies]) -> float:
+    """What makes scores regrets: 0 for Hartmann (its scores are regrets), for the CNN minus
+    the best val_accuracy any run of ``groups`` reached."""
+    if args.task == "hartmann":
+        return 0.0
+    return min((s.best for g in groups for steps in g.values() for s in steps), default=0.0)
+
+
+def across(args: argparse.Namespace) -> str:
+    """Each scheduler at each concurrency (``-concurrency.md``): final regret, and regret at
+    the compute (epochs) that every concurrency's study of the seed spent."""
+    per_k = {one.concurrency: read_studies(one) for one in at_each(args)}
+    offset = _offset(args, list(per_k.values()))
+    text = report.across_table(per_k, offset)
+    base = at_each(args)[0].name.split("-k")[0]
+    title = _title(args).split(", ")[:2]
+    text = f"### {', '.join(title)}: concurrency {args.concurrencies}\n\n{text}\n"
+    (OUT / f"{base}-concurrency.md").write_text(text)
     return text
 
 
@@ -254,7 +308,8 @@ def main() -> None:
     parser.add_argument("--trials", type=int, default=None, help="no-pruning trials")
     parser.add_argument("--more", type=int, default=4, help="pruning studies: trials x this")
     parser.add_argument("--epochs", type=int, default=None, help="max_epochs")
-    parser.add_argument("--concurrency", type=int, default=None, help="trials at once")
+    parser.add_argument("--concurrency", type=int, nargs="+", default=None, help="trials at once")
+    parser.add_argument("--sampler", choices=("auto", "tpe", "random"), default="auto")
     parser.add_argument("--preset", choices=sorted(mfhartmann.PRESETS), default="good")
     parser.add_argument("--seconds-per-trial", type=float, default=2.0, help="Hartmann cost")
     parser.add_argument("--n-train", type=int, default=150, help="cnn150: training digits")
@@ -264,12 +319,14 @@ def main() -> None:
     args.schedulers = args.schedulers or list(SCHEDULERS)
     args.trials = args.trials or trials
     args.epochs = args.epochs or epochs
-    args.concurrency = args.concurrency or concurrency
-    args.name = f"hartmann-{args.preset}" if args.task == "hartmann" else args.task
+    args.concurrencies = args.concurrency or [concurrency]
     OUT.mkdir(parents=True, exist_ok=True)
     if not args.report_only:
         run_all(args)
-    print(summarize(args))
+    for one in at_each(args):
+        print(summarize(one))
+    if len(args.concurrencies) > 1:
+        print(across(args))
 
 
 if __name__ == "__main__":

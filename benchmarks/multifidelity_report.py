@@ -188,6 +188,49 @@ def table(rows: Sequence[Row], unit: str) -> str:
     return "\n".join(lines)
 
 
+def at_compute(steps: Sequence[Step], epochs: float) -> float:
+    """The best regret of the COMPLETE trials among those the study had run when it had
+    spent ``epochs`` (``inf``: none yet)."""
+    return min((s.best for s in steps if s.cum_epochs <= epochs), default=math.inf)
+
+
+def across_table(per_k: dict[int, dict[tuple[str, int], list[Step]]], offset: float) -> str:
+    """Per scheduler and concurrency, medians over seeds: epochs, final regret, and the
+    regret at the epochs every concurrency's study of that seed spent (the fewest)."""
+    lines = [
+        "| scheduler | at once | seeds | epochs | final regret | common epochs | regret there |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    keys = {key for studies in per_k.values() for key in studies}
+    for scheduler in sorted({k[0] for k in keys}, key=_rank):
+        seeds = sorted({seed for s, seed in keys if s == scheduler})
+        common = {}
+        for seed in seeds:
+            runs = [st[(scheduler, seed)] for st in per_k.values() if (scheduler, seed) in st]
+            if len(runs) == len(per_k):  # every concurrency ran this seed
+                common[seed] = min(steps[-1].cum_epochs for steps in runs)
+        for k, studies in sorted(per_k.items()):
+            mine = {
+                seed: studies[(scheduler, seed)] for seed in seeds if (scheduler, seed) in studies
+            }
+            if not mine:
+                continue
+            there = [
+                at_compute(mine[seed], e) - offset for seed, e in common.items() if seed in mine
+            ]
+            cells = [
+                scheduler,
+                str(k),
+                str(len(mine)),
+                _fmt(_median([steps[-1].cum_epochs for steps in mine.values()])),
+                _fmt(_median([steps[-1].best - offset for steps in mine.values()]), 4),
+                _fmt(_median(list(common.values()))),
+                _fmt(_median(there), 4),
+            ]
+            lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def _rank(scheduler: str) -> int:
     order = ("none", "asha", "hyperband")
     return order.index(scheduler) if scheduler in order else len(order)

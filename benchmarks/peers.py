@@ -13,7 +13,10 @@ every contender alike:
                   n_jobs = cores (threads)
     ray-asha      stock Ray Tune: random search (BasicVariantGenerator) + ASHA (grace 1,
                   factor 3), Tune's defaults otherwise (a new actor per trial, loggers on)
-    ray-tpe       stock Ray Tune: OptunaSearch (TPE) + ASHA, ``reuse_actors=True``
+    ray-tpe       stock Ray Tune as its documentation writes it: the space as Tune domains in
+                  ``param_space``, ``OptunaSearch(seed=...)`` (Optuna's default TPE), ASHA
+                  (grace 1, factor 3), metric and mode in ``TuneConfig``,
+                  ``reuse_actors=True``, ``tune.report`` per epoch
     random        random search without pruning: Optuna RandomSampler, no pruner,
                   n_jobs = cores
 
@@ -35,7 +38,6 @@ import argparse
 import csv
 import json
 import os
-import random
 import statistics
 import subprocess
 import sys
@@ -161,7 +163,11 @@ def _tune_domains(space: dict) -> dict:
     return domains
 
 
-def _tune_trial(config: dict, space: dict, fixed: dict, epochs: int, data: Any) -> None:
+def _tune_trial(
+    config: dict, space: dict, fixed: dict, epochs: int, data: Any, seed: int = 0
+) -> None:
+    """Stock Tune's trainable: the CNN, ``tune.report`` per epoch. Its seed: the config's
+    (random search), else ``seed`` plus the trial's number in Tune's trial name."""
     from ray import tune
 
     from benchmarks.peers_cnn import train
@@ -172,50 +178,22 @@ def _tune_trial(config: dict, space: dict, fixed: dict, epochs: int, data: Any) 
     for name in order(space):  # Tune has no conditions: drop what the space would not ask
         if is_active(space[name], params):
             params[name] = config[name]
-    ctx = TrialContext(max_epochs=epochs, num_threads=1, seed=int(config["seed"]))
+    if "seed" not in config:
+        context = tune.get_context()  # its folder: <name>_<tag>_<config>, tag 1 for the first
+        tag = Path(context.get_trial_dir()).name[len(context.get_trial_name()) + 1 :]
+        seed += int(tag.split("_", 1)[0]) - 1
+    ctx = TrialContext(max_epochs=epochs, num_threads=1, seed=int(config.get("seed", seed)))
     for metrics in train({**fixed, **params}, data, ctx):
         tune.report(metrics)
 
 
-class _DefineByRun:
-    """Stock Ray Tune's TPE space: the spec's space sampled define-by-run (conditions too),
-    and the trial's seed as a constant of its config (in Tune's ``param_space`` a sampled
-    seed would clash with the searcher's own space). A class, not a closure: Tune pickles
-    the searcher."""
-
-    def __init__(self, space: Any, seed: int) -> None:
-        self.space, self.seeds = space, random.Random(seed)
-
-    def __call__(self, trial: Any) -> dict[str, int]:
-        from search.spec.space import sample
-
-        sample(trial, self.space)
-        return {"seed": self.seeds.randrange(2**31 - 1)}
-
-
-def _searcher(spec: Any, seed: int, tpe: bool) -> Any:
-    """Random search, or OptunaSearch TPE on the space as it is (conditions too: define-by-run)."""
-    if not tpe:
-        from ray.tune.search.basic_variant import BasicVariantGenerator
-
-        return BasicVariantGenerator(random_state=seed)
-    import optuna
-    from ray.tune.search.optuna import OptunaSearch
-
-    return OptunaSearch(
-        space=_DefineByRun(spec.space, seed),
-        metric="val_accuracy",
-        mode="max",
-        sampler=optuna.samplers.TPESampler(seed=seed, multivariate=True, constant_liar=True),
-    )
-
-
-def _ray_asha(
-    trials: int, epochs: int, seed: int, cpus: int, tmp: Path, fraction: float, tpe: bool
-) -> None:
+def _ray_asha(trials: int, epochs: int, seed: int, cpus: int, tmp: Path, fraction: float) -> None:
+    """Stock Ray Tune with its defaults: random search (``BasicVariantGenerator``) + ASHA, a new
+    actor per trial, the trial's seed a random integer of its config."""
     import ray
     from ray import tune
     from ray.tune.schedulers import ASHAScheduler
+    from ray.tune.search.basic_variant import BasicVariantGenerator
 
     from search.run.data import load_data
 
@@ -224,19 +202,51 @@ def _ray_asha(
     trainable = tune.with_parameters(
         _tune_trial, space=spec.space, fixed=spec.fixed, epochs=epochs, data=load_data(spec.data)
     )
-    domains = {} if tpe else _tune_domains(spec.space)
     tune.Tuner(
         trainable,
-        param_space={} if tpe else {**domains, "seed": tune.randint(0, 2**31 - 1)},
+        param_space={**_tune_domains(spec.space), "seed": tune.randint(0, 2**31 - 1)},
         tune_config=tune.TuneConfig(
-            metric=None if tpe else "val_accuracy",
-            mode=None if tpe else "max",
+            metric="val_accuracy",
+            mode="max",
             num_samples=trials,
-            search_alg=_searcher(spec, seed, tpe),
-            scheduler=ASHAScheduler(
-                max_t=epochs, grace_period=1, reduction_factor=3, metric="val_accuracy", mode="max"
-            ),
-            reuse_actors=tpe,
+            search_alg=BasicVariantGenerator(random_state=seed),
+            scheduler=ASHAScheduler(max_t=epochs, grace_period=1, reduction_factor=3),
+            reuse_actors=False,
+        ),
+        run_config=tune.RunConfig(
+            name=f"peers-{seed}-{trials}", storage_path=str(tmp / "ray"), verbose=0
+        ),
+    ).fit()
+
+
+def _ray_tpe(trials: int, epochs: int, seed: int, cpus: int, tmp: Path, fraction: float) -> None:
+    """Stock Ray Tune as its documentation writes it: the space as Tune's domains in
+    ``param_space``, ``OptunaSearch(seed=...)`` (Optuna's default TPE), ``ASHAScheduler``,
+    metric and mode in ``TuneConfig``, ``reuse_actors=True``, the CNN a function trainable
+    with ``tune.report`` per epoch."""
+    import ray
+    from ray import tune
+    from ray.tune.schedulers import ASHAScheduler
+    from ray.tune.search.optuna import OptunaSearch
+
+    from search.run.data import load_data
+
+    ray.init(num_cpus=cpus, include_dashboard=False, log_to_driver=False)
+    spec = _spec(trials, epochs, seed, tmp, fraction)
+    data = load_data(spec.data)
+    trainable = tune.with_parameters(
+        _tune_trial, space=spec.space, fixed=spec.fixed, epochs=epochs, data=data, seed=seed
+    )
+    tune.Tuner(
+        trainable,
+        param_space=_tune_domains(spec.space),
+        tune_config=tune.TuneConfig(
+            metric="val_accuracy",
+            mode="max",
+            search_alg=OptunaSearch(seed=seed),
+            scheduler=ASHAScheduler(max_t=epochs, grace_period=1, reduction_factor=3),
+            num_samples=trials,
+            reuse_actors=True,
         ),
         run_config=tune.RunConfig(
             name=f"peers-{seed}-{trials}", storage_path=str(tmp / "ray"), verbose=0
@@ -247,8 +257,8 @@ def _ray_asha(
 CONTENDER_FNS: dict[str, Callable[..., None]] = {
     "optuna-sh": lambda *a: _optuna(*a, pruned=True),
     "random": lambda *a: _optuna(*a, pruned=False),
-    "ray-asha": lambda *a: _ray_asha(*a, tpe=False),
-    "ray-tpe": lambda *a: _ray_asha(*a, tpe=True),
+    "ray-asha": _ray_asha,
+    "ray-tpe": _ray_tpe,
 }
 
 

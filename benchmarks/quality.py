@@ -1,24 +1,27 @@
-"""Search quality on tables no one here wrote (issue 22): HPOLib (4 tables) and HPOBench (8).
+"""Search quality on tables no one here wrote (issues 22, 33): HPOLib (4 tables), HPOBench (8).
 
 Each trial looks its config up in a tabular benchmark (``benchmarks/tables.py``), sleeps the
 recorded training time times ``--scale`` and reports the recorded metric. Contenders
-(``benchmarks/quality_runs.py``), side by side in one slice (tables x one concurrency K):
+(``benchmarks/quality_runs.py``), side by side in one slice (tables x one concurrency K x one
+way of writing the space, ``--space index|choice``):
 
     ours         this project, ``python -m search run`` cold from the command line, K at once
-                 (``--sampler tpe|random``; ``--sampler-arg key=value`` adds ``sampler:`` keys)
+                 (``--sampler auto|tpe|random``; ``--sampler-arg key=value`` adds ``sampler:``
+                 keys)
     stock        stock Ray Tune: OptunaSearch (TPE) in a ConcurrencyLimiter(K)
+    optuna-jobs  Optuna in one process, ``study.optimize(n_jobs=K)`` (threads), TPE
     optuna-tpe   Optuna's TPE in one process, sequential (the ceiling for TPE)
     random       Optuna's RandomSampler in one process
 
-The Ray contenders join one local head (``ray start --head --num-cpus 16``, token auth) that
-the slice starts and stops, or the head at ``--address``. Each slice appends one row per
-trial to its own CSV under results/benchmarks/quality/; ``merge`` reads them all and prints
-(and writes to REPORT.md) the regret tables, with quality.png.
+The Ray contenders join one local head (``ray start --head --num-cpus max(16, K)``, token
+auth) that the slice starts and stops, or the head at ``--address``. Each slice appends one
+row per trial to its own CSV under results/benchmarks/quality/; ``merge`` reads them all and
+prints (and writes to REPORT.md) the regret tables of one space, with quality.png.
 
     python benchmarks/quality.py run --tasks hpolib --concurrency 16        # 10 seeds each
     python benchmarks/quality.py run --tasks hpolib/naval_propulsion --concurrency 4 \\
-        --seeds 5 --contenders ours stock --sampler random
-    python benchmarks/quality.py merge
+        --seeds 5 --contenders ours stock --sampler random --space choice
+    python benchmarks/quality.py merge --space index
 """
 
 from __future__ import annotations
@@ -42,20 +45,23 @@ if __package__ in (None, ""):  # run as a script: the repository root holds ``be
 from benchmarks.quality_report import rows  # noqa: E402
 from benchmarks.quality_runs import (  # noqa: E402
     CONTENDERS,
+    ON_RAY,
     SEQUENTIAL,
     Job,
     Trial,
+    run_optuna_jobs,
     run_ours,
     run_sequential,
     run_stock,
     stock_subprocess,
 )
 from benchmarks.scale_head import RAY_ENV, REPO, Head, driver_env  # noqa: E402
-from benchmarks.tables import TASKS, Table, load  # noqa: E402
+from benchmarks.tables import SPACES, TASKS, Table, load  # noqa: E402
 
 OUT = REPO / "results" / "benchmarks" / "quality"
 FIELDS = [
-    *("task", "contender", "concurrency", "mode", "scale", "code", "seed", "trial", "number"),
+    *("task", "contender", "concurrency", "space", "mode", "scale", "code", "seed", "trial"),
+    "number",
     *("row", "value", "regret", "norm_log_regret", "best_regret", "log_best", "norm_log_best"),
     *("cost", "sim_end_s", "wall_end_s"),
 ]
@@ -101,11 +107,12 @@ class Slice:
         """Appends one run's rows."""
         k = 1 if contender in SEQUENTIAL else job.concurrency
         meta = {"task": job.task, "contender": _name(job, contender), "concurrency": k}
-        meta |= {"mode": table.mode, "scale": self.scale, "code": self.code}
+        meta |= {"space": job.space, "mode": table.mode, "scale": self.scale, "code": self.code}
         with self.path.open("a", newline="") as f:
             csv.DictWriter(f, FIELDS).writerows(rows(table, trials, meta, job.seed))
         print(
-            f"  {job.task} {meta['contender']} x{k} seed {job.seed}: {len(trials)} trials",
+            f"  {job.task} {meta['contender']} x{k} {job.space} seed {job.seed}: "
+            f"{len(trials)} trials",
             flush=True,
         )
 
@@ -127,7 +134,7 @@ def _base(args: argparse.Namespace, address: str) -> Job:
     """The slice's job, before its task, seed and folder are set."""
     extra = {k: yaml.safe_load(v) for k, v in (kv.split("=", 1) for kv in args.sampler_arg)}
     job = Job("", 0, args.trials, args.concurrency, args.scale, "", address, args.sampler)
-    return replace(job, sampler_args=extra)
+    return replace(job, sampler_args=extra, space=args.space)
 
 
 def _sequential(tables: list[Table], args: argparse.Namespace, out: Slice) -> None:
@@ -150,6 +157,18 @@ def _sequential(tables: list[Table], args: argparse.Namespace, out: Slice) -> No
             out.add(table, job, who, trials)
 
 
+def _threads(tables: list[Table], args: argparse.Namespace, out: Slice) -> None:
+    """Optuna's ``n_jobs=K`` contender, one run at a time (its K threads race as in a user's
+    process, not against other runs), seed by seed over every task."""
+    if "optuna-jobs" not in args.contenders:
+        return
+    base = _base(args, "")
+    for seed in range(args.first_seed, args.first_seed + args.seeds):
+        for table in tables:
+            job = replace(base, task=table.task, seed=seed)
+            out.add(table, job, "optuna-jobs", run_optuna_jobs(job, table))
+
+
 def _on_ray(tables: list[Table], args: argparse.Namespace, out: Slice, address: str) -> None:
     """The Ray contenders, seed by seed, each seed over every task (a slice cut short has
     every task for the seeds it finished), one driver process at a time."""
@@ -158,8 +177,9 @@ def _on_ray(tables: list[Table], args: argparse.Namespace, out: Slice, address: 
     work = Path(args.work)
     for seed in range(args.first_seed, args.first_seed + args.seeds):
         for table in tables:
-            for who in [c for c in args.contenders if c not in SEQUENTIAL]:
-                folder = work / table.task.replace("/", "-") / f"k{args.concurrency}"
+            for who in [c for c in args.contenders if c in ON_RAY]:
+                space = "" if args.space == "index" else f"-{args.space}"
+                folder = work / table.task.replace("/", "-") / f"k{args.concurrency}{space}"
                 job = replace(
                     base, task=table.task, seed=seed, folder=str(folder / f"{who}-{seed}")
                 )
@@ -168,18 +188,21 @@ def _on_ray(tables: list[Table], args: argparse.Namespace, out: Slice, address: 
 
 
 def run(args: argparse.Namespace) -> None:
-    """Runs one slice: the tasks at one concurrency, every contender, every seed."""
+    """Runs one slice: the tasks at one concurrency and space, every contender, every seed."""
     tasks = _tasks(args.tasks)
     if args.seeds is None:
-        args.seeds = 10 if args.concurrency >= 16 else 5
+        args.seeds = 10 if args.concurrency == 16 else 5
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    name = f"{'+'.join(t.split('/')[-1] for t in tasks)[:60]}_k{args.concurrency}_{stamp}.csv"
+    names = "+".join(t.split("/")[-1] for t in tasks)[:60]
+    name = f"{names}_k{args.concurrency}_{args.space}_{stamp}.csv"
     out = Slice(Path(args.out) / name, args.scale)
-    needs_ray = any(c not in SEQUENTIAL for c in args.contenders)
-    head = Head(num_cpus=16) if needs_ray and args.address is None else None
+    needs_ray = any(c in ON_RAY for c in args.contenders)
+    cpus = max(16, args.concurrency)  # every trial of K at once gets a logical CPU
+    head = Head(num_cpus=cpus) if needs_ray and args.address is None else None
     try:
         tables = [load(task) for task in tasks]
         _sequential(tables, args, out)
+        _threads(tables, args, out)
         _on_ray(tables, args, out, args.address or (head.address if head else ""))
     finally:
         if head is not None:
@@ -194,12 +217,14 @@ def stock(args: argparse.Namespace) -> None:
 
 
 def merge(args: argparse.Namespace) -> None:
-    """Reads every slice's CSV, prints the report and writes REPORT.md and quality.png."""
+    """Reads every slice's CSV, prints the report of one space and writes REPORT.md (or
+    REPORT-choice.md) and quality.png (quality-choice.png)."""
     from benchmarks.quality_tables import report
 
-    text = report(Path(args.out))
+    text = report(Path(args.out), args.space)
     print(text)
-    (Path(args.out) / "REPORT.md").write_text(text + "\n")
+    suffix = "" if args.space == "index" else f"-{args.space}"
+    (Path(args.out) / f"REPORT{suffix}.md").write_text(text + "\n")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -210,17 +235,19 @@ def main(argv: list[str] | None = None) -> None:
     one.add_argument("--tasks", nargs="+", default=["hpolib/naval_propulsion"])
     one.add_argument("--concurrency", type=int, default=16)
     one.add_argument("--seeds", type=int, default=None, help="10 at 16 at once, else 5")
+    one.add_argument("--space", choices=SPACES, default="index", help="how the spec writes it")
     one.add_argument("--first-seed", type=int, default=0)
     one.add_argument("--trials", type=int, default=200)
     one.add_argument("--scale", type=float, default=0.002)
     one.add_argument("--contenders", nargs="+", choices=CONTENDERS, default=list(CONTENDERS))
-    one.add_argument("--sampler", choices=("tpe", "random"), default="tpe")
+    one.add_argument("--sampler", choices=("auto", "tpe", "random"), default="auto")
     one.add_argument("--sampler-arg", action="append", default=[], metavar="KEY=VALUE")
     one.add_argument("--address", default=None, help="a Ray head to join (default: start one)")
     one.add_argument("--out", default=str(OUT))
     one.add_argument("--work", default=None, help="studies and logs (default: a temp folder)")
     mrg = sub.add_parser("merge", help="the report over every slice's CSV")
     mrg.add_argument("--out", default=str(OUT))
+    mrg.add_argument("--space", choices=SPACES, default="index", help="the space reported")
     stk = sub.add_parser("stock")
     stk.add_argument("job")
     stk.add_argument("--out", required=True)

@@ -21,7 +21,7 @@ import pandas as pd
 from benchmarks.quality_runs import Trial
 from benchmarks.tables import Table, log_regret
 
-CHECKPOINTS = (25, 50, 100, 200)
+CHECKPOINTS = (25, 50, 100, 200, 400)
 """Trials after which the regret is reported."""
 TIMES = (2, 5, 10, 25, 50, 100)
 """Simulated times at which the regret is reported, in multiples of the table's mean cost."""

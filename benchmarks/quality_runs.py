@@ -1,19 +1,23 @@
 """The contenders of ``benchmarks/quality.py``, each one run of one seed on one table:
 
     ours         this project, cold from the command line: ``python -m search run SPEC
-                 --address HEAD`` on a spec generated here (``--sampler tpe|random``, extra
-                 ``sampler:`` keys passed through), K trials at once
+                 --address HEAD`` on a spec generated here (``--sampler auto|tpe|random``,
+                 extra ``sampler:`` keys passed through), K trials at once
     stock        stock Ray Tune: ``OptunaSearch(sampler=TPESampler(seed))`` in a
                  ``ConcurrencyLimiter(K)``, a plain function trainable calling ``tune.report``,
                  in its own driver process joined to the same head (actors reused, as the
                  scale benchmark does: a new Python process per trial only costs time here)
+    optuna-jobs  Optuna in one process, ``study.optimize(n_jobs=K)`` with ``TPESampler(seed)``:
+                 K threads, each trial sleeping its recorded time
     optuna-tpe   Optuna's TPE in one process, one trial after another (TPE's sample-efficiency
                  ceiling: every trial sees every earlier result)
     random       Optuna's RandomSampler in one process
 
-Every one evaluates a config the same way (:func:`benchmarks.tables.evaluate`: the recorded
-seed drawn by ``seed + trial number``, the recorded time times ``scale`` slept) and returns
-its trials as :class:`Trial` records in the order they were created.
+Every one searches the table's space as ``Job.space`` writes it (one of
+:data:`benchmarks.tables.SPACES`), evaluates a config the same way
+(:func:`benchmarks.tables.evaluate`: the recorded seed drawn by ``seed + trial number``, the
+recorded time times ``scale`` slept) and returns its trials as :class:`Trial` records in the
+order they were created, their parameters in the ``index`` space's terms.
 """
 
 from __future__ import annotations
@@ -30,9 +34,11 @@ import yaml
 from benchmarks.tables import Table, evaluate, load, space
 
 REPO = Path(__file__).resolve().parents[1]
-CONTENDERS = ("ours", "stock", "optuna-tpe", "random")
+CONTENDERS = ("ours", "stock", "optuna-jobs", "optuna-tpe", "random")
 SEQUENTIAL = ("optuna-tpe", "random")
 """Contenders that run one trial at a time, whatever the slice's concurrency."""
+ON_RAY = ("ours", "stock")
+"""Contenders that run on the slice's Ray head."""
 
 
 @dataclass(frozen=True)
@@ -46,8 +52,9 @@ class Job:
     scale: float
     folder: str
     address: str = ""
-    sampler: str = "tpe"
+    sampler: str = "auto"
     sampler_args: dict[str, Any] = field(default_factory=dict)
+    space: str = "index"
 
 
 @dataclass(frozen=True)
@@ -62,14 +69,16 @@ class Trial:
     end: float
 
 
-def _records(trials: list[Any]) -> list[Trial]:
-    """Optuna's finished trials as :class:`Trial` records, in order of creation."""
+def _records(trials: list[Any], table: Table, kind: str) -> list[Trial]:
+    """Optuna's finished trials as :class:`Trial` records, in order of creation, their
+    parameters (written in a ``kind`` space) as the ``index`` space writes them."""
     out = []
     for t in sorted(trials, key=lambda t: t.number):
         if t.value is None or t.datetime_complete is None:
             continue
         start, end = t.datetime_start.timestamp(), t.datetime_complete.timestamp()
-        out.append(Trial(t.number, dict(t.params), float(t.value), start, end))
+        params = table.params(table.row(t.params, kind))
+        out.append(Trial(t.number, params, float(t.value), start, end))
     return out
 
 
@@ -85,8 +94,8 @@ def spec_for(job: Job, table: Table) -> dict[str, Any]:
         "asha": {"enabled": False},
         "sampler": {"name": job.sampler, "seed": job.seed, **job.sampler_args},
         "resources": {"cpus_per_trial": 1, "max_concurrent": job.concurrency},
-        "fixed": {"scale": job.scale},
-        "space": space(table),
+        "fixed": {"scale": job.scale, "space": job.space},
+        "space": space(table, job.space),
     }
 
 
@@ -110,18 +119,17 @@ def run_ours(job: Job, table: Table, env: dict[str, str]) -> list[Trial]:
         tail = (folder / "run.log").read_text()[-3000:]
         raise RuntimeError(f"search run failed ({done.returncode}): {tail}")
     study = optuna.load_study(study_name=spec["study"], storage=storage)
-    return _records(study.get_trials(deepcopy=False))
+    return _records(study.get_trials(deepcopy=False), table, job.space)
 
 
-def distributions(table: Table) -> dict[str, Any]:
-    """The table's space as Optuna distributions, as :func:`benchmarks.tables.space` says."""
+def distributions(table: Table, kind: str = "index") -> dict[str, Any]:
+    """The table's space as Optuna distributions, as :func:`benchmarks.tables.space` writes
+    a ``kind`` space."""
     from optuna.distributions import CategoricalDistribution, IntDistribution
 
     return {
-        name: CategoricalDistribution(values)
-        if isinstance(values[0], str)
-        else IntDistribution(0, len(values) - 1)
-        for name, values in table.choices.items()
+        name: CategoricalDistribution(p["choice"]) if "choice" in p else IntDistribution(*p["int"])
+        for name, p in space(table, kind).items()
     }
 
 
@@ -137,22 +145,46 @@ def run_sequential(job: Job, table: Table, name: str) -> list[Trial]:
     )
     direction = "maximize" if table.mode == "max" else "minimize"
     study = optuna.create_study(sampler=sampler, direction=direction)
-    space_ = distributions(table)
+    space_ = distributions(table, job.space)
     for _ in range(job.trials):
         trial = study.ask(space_)
-        value = evaluate(table, trial.params, job.seed + trial.number, job.scale)
+        value = evaluate(table, trial.params, job.seed + trial.number, job.scale, job.space)
         study.tell(trial, value)
-    return _records(study.get_trials(deepcopy=False))
+    return _records(study.get_trials(deepcopy=False), table, job.space)
 
 
-def _tune_trial(config: dict[str, Any], table: Table, seed: int, scale: float) -> None:
+def run_optuna_jobs(job: Job, table: Table) -> list[Trial]:
+    """Optuna in one process, ``study.optimize(n_jobs=K)``: K threads, TPE (Optuna's
+    defaults), each trial sleeping its recorded time times ``scale``."""
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    direction = "maximize" if table.mode == "max" else "minimize"
+    sampler = optuna.samplers.TPESampler(seed=job.seed)
+    study = optuna.create_study(sampler=sampler, direction=direction)
+    space_ = space(table, job.space)
+
+    def objective(trial: optuna.Trial) -> float:  # as a user writes it
+        params = {
+            name: trial.suggest_categorical(name, p["choice"])
+            if "choice" in p
+            else trial.suggest_int(name, *p["int"])
+            for name, p in space_.items()
+        }
+        return evaluate(table, params, job.seed + trial.number, job.scale, job.space)
+
+    study.optimize(objective, n_trials=job.trials, n_jobs=job.concurrency)
+    return _records(study.get_trials(deepcopy=False), table, job.space)
+
+
+def _tune_trial(config: dict[str, Any], table: Table, seed: int, scale: float, kind: str) -> None:
     """Stock Tune's trainable: the same look-up and sleep, reported with ``tune.report``."""
     from ray import tune
 
     context = tune.get_context()  # its folder: <name>_<tag>_<config>, tag 1 for the first
     tag = Path(context.get_trial_dir()).name[len(context.get_trial_name()) + 1 :]
     number = int(tag.split("_", 1)[0]) - 1  # the Optuna trial number: one ask per trial
-    tune.report({table.metric: evaluate(table, config, seed + number, scale)})
+    tune.report({table.metric: evaluate(table, config, seed + number, scale, kind)})
 
 
 def run_stock(job: Job) -> list[Trial]:
@@ -167,13 +199,15 @@ def run_stock(job: Job) -> list[Trial]:
     table = load(job.task)
     ray.init(address=job.address, log_to_driver=False)
     searcher = OptunaSearch(
-        space=distributions(table),
+        space=distributions(table, job.space),
         metric=table.metric,
         mode=table.mode,
         sampler=optuna.samplers.TPESampler(seed=job.seed),
     )
     tuner = tune.Tuner(
-        tune.with_parameters(_tune_trial, table=table, seed=job.seed, scale=job.scale),
+        tune.with_parameters(
+            _tune_trial, table=table, seed=job.seed, scale=job.scale, kind=job.space
+        ),
         tune_config=tune.TuneConfig(
             search_alg=ConcurrencyLimiter(searcher, max_concurrent=job.concurrency),
             num_samples=job.trials,
@@ -182,7 +216,7 @@ def run_stock(job: Job) -> list[Trial]:
         run_config=tune.RunConfig(name="stock", storage_path=f"{job.folder}/ray", verbose=0),
     )
     tuner.fit()
-    return _records(searcher._ot_study.get_trials(deepcopy=False))
+    return _records(searcher._ot_study.get_trials(deepcopy=False), table, job.space)
 
 
 def stock_subprocess(job: Job, env: dict[str, str]) -> list[Trial]:

