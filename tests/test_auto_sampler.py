@@ -3,17 +3,19 @@ distinct proposals, and one trial at a time exactly as the pinned TPE."""
 
 from __future__ import annotations
 
+import statistics
 from pathlib import Path
 
 import optuna
 import pytest
 
-from search.record.auto import AutoSampler, plan_for
+from search.record.auto import AutoSampler, Plan, plan_for
+from search.record.distinct import DistinctTPESampler
 from search.record.samplers import SAMPLER, build_sampler, configure
 from search.record.study import open_study, record_spec
 from search.spec.pinned import PINNED
 from search.spec.schema import parse_spec
-from search.spec.space import sample
+from search.spec.space import Param, sample
 from tests.conftest import base_spec
 
 SPACE = {
@@ -35,11 +37,17 @@ def _loss(params: dict) -> float:
     return (params["dropout"] - 0.2) ** 2 + params["layers"] + (params["optimizer"] == "sgd")
 
 
+def _fields(plan: Plan) -> tuple:
+    return (plan.start, plan.spacefill, plan.multivariate, plan.constant_liar, plan.distinct)
+
+
 def test_the_plan_follows_the_concurrency() -> None:
-    one, many = plan_for(1), plan_for(16)
-    assert (one.start, one.spacefill, one.constant_liar, one.distinct) == (10, False, True, False)
-    assert (many.start, many.spacefill, many.constant_liar, many.distinct) == (16, True, False, True)
-    assert plan_for(64).start == 64 and plan_for(4).start == 10
+    """One at a time: the pinned TPE; a few at once: no liar, distinct, a Thompson pick;
+    many at once: univariate too, after a space-filling first batch."""
+    assert _fields(plan_for(1)) == (10, False, True, True, False) and not plan_for(1).thompson
+    assert _fields(plan_for(4)) == (10, False, True, False, True) and plan_for(4).thompson
+    assert _fields(plan_for(16)) == (16, True, False, False, True) and plan_for(16).thompson
+    assert plan_for(64).start == 64 and plan_for(8).spacefill and not plan_for(7).spacefill
 
 
 def test_auto_is_the_default_sampler(tmp_path: Path) -> None:
@@ -74,23 +82,40 @@ def test_many_at_once_the_first_batch_fills_the_space(tmp_path: Path) -> None:
     assert sum(p["optimizer"] == "sgd" for p in params) == 8
 
 
-def test_many_at_once_no_config_is_proposed_twice(tmp_path: Path) -> None:
-    """On a space of 12 configs, 16 at once: the model, asked with trials still running,
-    proposes none that a running or finished trial holds while a fresh one is left."""
-    space = {"a": {"int": [0, 3]}, "b": {"choice": ["x", "y", "z"]}}
-    spec = _spec(tmp_path, space=space)
-    sampler = build_sampler(spec)
-    sampler.configure(16)
+def _proposals(sampler: optuna.samplers.BaseSampler, space: dict, running: int) -> list:
+    """Two trials told (the model's start), then ``running`` asked on that model, none told."""
+    spec_space = {n: Param.model_validate(p) for n, p in space.items()}
     study = optuna.create_study(sampler=sampler)
-    running = [study.ask() for _ in range(3)]
-    for trial in running[:2]:
-        params = sample(trial, spec.space)
-        study.tell(trial, params["a"])
-    sample(running[2], spec.space)
-    for _ in range(9):  # the model's proposals, every earlier one still running
-        sample(study.ask(), spec.space)
-    configs = [(t.params["a"], t.params["b"]) for t in study.trials]
-    assert len(set(configs)) == 12
+    for value in (1.0, 0.0):
+        trial = study.ask()
+        sample(trial, spec_space)
+        study.tell(trial, value)
+    for _ in range(running):
+        sample(study.ask(), spec_space)
+    return [t.params for t in study.trials[2:]]
+
+
+def test_no_config_is_proposed_twice_while_a_fresh_one_is_left() -> None:
+    """On a space of 12 configs, 10 proposals on one model while the earlier ones run: all
+    differ from each other and from the two told (TPE without the liar repeats its best)."""
+    space = {"a": {"int": [0, 3]}, "b": {"choice": ["x", "y", "z"]}}
+    args = {"n_startup_trials": 2, "constant_liar": False, "n_ei_candidates": 64}
+    ours = _proposals(DistinctTPESampler(seed=0, **args), space, 10)
+    assert len({(p["a"], p["b"]) for p in ours}) == 10
+    plain = _proposals(optuna.samplers.TPESampler(seed=0, **args), space, 10)
+    assert len({(p["a"], p["b"]) for p in plain}) < 10
+
+
+def test_a_thompson_pick_spreads_proposals_made_on_one_model() -> None:
+    """20 proposals on the same model (none told): drawn in proportion to TPE's density
+    ratio they spread wider than TPE's largest-ratio picks."""
+    space = {"x": {"uniform": [0.0, 1.0]}}
+    args = {"n_startup_trials": 2, "constant_liar": False}
+    spread = {}
+    for thompson in (False, True):
+        sampler = DistinctTPESampler(seed=1, thompson=thompson, **args)
+        spread[thompson] = statistics.pstdev(p["x"] for p in _proposals(sampler, space, 20))
+    assert spread[True] > 1.5 * spread[False], spread
 
 
 def test_the_study_records_the_plan_it_ran(tmp_path: Path) -> None:
@@ -104,8 +129,10 @@ def test_the_study_records_the_plan_it_ran(tmp_path: Path) -> None:
         "concurrency": 16,
         "start": 16,
         "spacefill": True,
+        "multivariate": False,
         "constant_liar": False,
         "distinct": True,
+        "thompson": True,
     }
 
 

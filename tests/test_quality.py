@@ -121,9 +121,11 @@ def test_a_slice_through_the_cli(
         assert float(r["best_regret"]) == pytest.approx(best_regret, abs=1e-12)
 
 
-RANDOM_AT_48 = -3.27
-"""Random search's median log10 regret on ``slice_localization`` after 48 trials (in process,
-40 seeds: the same median at 48 and 50 trials)."""
+RANDOM_AT_64 = -3.51
+"""Random search's median log10 regret on ``slice_localization`` after 64 trials (2,000
+draws of 64 configs and recorded seeds). In the simulation of ``sampler_settings.py`` the
+default sampler at 16 at once was below it after 64 trials in 10 of 10 seeds (-3.65 to
+-4.81)."""
 
 
 @pytest.mark.ray
@@ -134,7 +136,7 @@ def test_sixteen_at_once_through_the_cli(
     """``python -m search run`` with the default sampler, 16 trials at once (an eighth of a
     CPU each on the session's Ray): the study records the plan for 16, the 16 configs
     proposed before any result fill the space (every value of a parameter of 2 or 4 values
-    equally often: 16 random draws do that about once in 9,000), and the incumbent after 48
+    equally often: 16 random draws do that about once in 9,000), and the incumbent after 64
     trials beats random search's median."""
     import os
     import subprocess
@@ -145,7 +147,7 @@ def test_sixteen_at_once_through_the_cli(
     from search.record.samplers import SAMPLER
     from tests.conftest import REPO
 
-    job = Job(TASK, 0, 48, 16, 0.0, str(tmp_path))
+    job = Job(TASK, 0, 64, 16, 0.0, str(tmp_path))
     spec = spec_for(job, table)
     spec["sampler"] = {"seed": 0}  # the default sampler, as a user who names none gets it
     spec["resources"] = {"cpus_per_trial": 0.125, "max_concurrent": 16}
@@ -159,7 +161,7 @@ def test_sixteen_at_once_through_the_cli(
     study = optuna.load_study(study_name=spec["study"], storage=spec["storage"])
     assert study.user_attrs[SAMPLER]["plan"]["concurrency"] == 16
     trials = sorted(study.trials, key=lambda t: t.number)
-    assert len(trials) == 48
+    assert len(trials) == 64
     first = [t.params for t in trials[:16]]
     for name, values in table.choices.items():
         if len(values) in (2, 4):
@@ -170,4 +172,4 @@ def test_sixteen_at_once_through_the_cli(
             assert counts == [16 // len(values)] * len(values), (name, counts)
     best = min(trials, key=lambda t: t.value)
     regret = log_regret(table, float(table.regret[table.row(best.params)]))
-    assert regret <= RANDOM_AT_48, regret
+    assert regret <= RANDOM_AT_64, regret

@@ -41,6 +41,9 @@ from search.record.spacefill import SpaceFilling
 
 PARALLEL_FROM = 2
 """The concurrency from which :func:`plan_for` chooses the parallel plan."""
+MANY_FROM = 8
+"""The concurrency from which TPE models each parameter on its own and the first batch is
+space-filling."""
 
 
 @dataclass(frozen=True)
@@ -53,22 +56,29 @@ class Plan:
             asked while no trial has finished.
         spacefill: The start's configs are space-filling (Sobol) rather than random, and the
             model takes over once one trial has finished (else: once ``start`` have).
+        multivariate: TPE models the parameters jointly (else one by one).
         constant_liar: TPE counts running trials as bad results.
         distinct: TPE skips candidates that repeat a config of the study.
+        thompson: TPE draws its pick in proportion to the density ratio
+            (:class:`~search.record.distinct.DistinctTPESampler`).
     """
 
     concurrency: int
     start: int
     spacefill: bool
+    multivariate: bool
     constant_liar: bool
     distinct: bool
+    thompson: bool
 
 
 def plan_for(concurrency: int, n_startup_trials: int = 10) -> Plan:
     """The plan for ``concurrency`` trials at once (see the module's text)."""
     if concurrency < PARALLEL_FROM:
-        return Plan(concurrency, n_startup_trials, False, True, False)
-    return Plan(concurrency, max(concurrency, n_startup_trials), True, False, True)
+        return Plan(concurrency, n_startup_trials, False, True, True, False, False)
+    if concurrency < MANY_FROM:
+        return Plan(concurrency, n_startup_trials, False, True, False, True, True)
+    return Plan(concurrency, max(concurrency, n_startup_trials), True, False, False, True, True)
 
 
 class AutoSampler(BaseSampler):
@@ -99,13 +109,20 @@ class AutoSampler(BaseSampler):
         """Chooses the plan for ``concurrency`` trials at once; call before the first ask."""
         startup = int(self._tpe_args.get("n_startup_trials", 10))
         self.plan = plan_for(max(1, concurrency), startup)
-        args = {**self._tpe_args, "constant_liar": self.plan.constant_liar}
-        if self.plan.spacefill:
+        plan = self.plan
+        args = {**self._tpe_args, "constant_liar": plan.constant_liar}
+        if not plan.multivariate:
+            args.update(multivariate=False, group=False)  # group needs multivariate
+        if plan.spacefill:
             args["n_startup_trials"] = 0  # the start below decides when TPE takes over
-        cls = DistinctTPESampler if self.plan.distinct else BoundedTPESampler
         with warnings.catch_warnings():  # group and constant_liar are "experimental"
             warnings.simplefilter("ignore", optuna.exceptions.ExperimentalWarning)
-            self._model: BaseSampler = cls(seed=self._seed, **args)
+            model: BaseSampler
+            if plan.distinct:
+                model = DistinctTPESampler(seed=self._seed, thompson=plan.thompson, **args)
+            else:
+                model = BoundedTPESampler(seed=self._seed, **args)
+        self._model = model
         return self.plan
 
     def describe(self) -> dict[str, Any]:

@@ -35,11 +35,19 @@ _DIGITS = 9
 
 class DistinctTPESampler(BoundedTPESampler):
     """:class:`~search.record.history.BoundedTPESampler` whose pick skips candidates that
-    repeat a config of the study (see the module's text); every argument is TPE's."""
+    repeat a config of the study (see the module's text); every other argument is TPE's.
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    Args:
+        thompson: Draw the pick among TPE's candidates with probability proportional to
+            their density ratio ``l(x) / g(x)`` instead of taking the largest: each of K
+            proposals made on one model lands elsewhere (a Thompson-sampling pick; TPE's own
+            candidates are already drawn from ``l``).
+    """
+
+    def __init__(self, *args: Any, thompson: bool = False, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._asking: tuple[optuna.Study, FrozenTrial] | None = None
+        self._thompson = thompson
 
     def sample_relative(
         self, study: optuna.Study, trial: FrozenTrial, search_space: dict[str, Any]
@@ -59,6 +67,8 @@ class DistinctTPESampler(BoundedTPESampler):
 
     def _compute_acquisition_func(self, samples: dict[str, np.ndarray], *args: Any) -> np.ndarray:
         scores = np.asarray(super()._compute_acquisition_func(samples, *args), dtype=float)
+        if self._thompson:  # Gumbel-max: TPE's argmax then draws with softmax(log ratio)
+            scores = scores + self._rng.rng.gumbel(size=scores.shape)
         if self._asking is None or not samples:
             return scores
         held = _held(*self._asking, list(samples))
