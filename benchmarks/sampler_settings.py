@@ -25,6 +25,7 @@ file under results/benchmarks/sampler_settings/; ``report`` reads them
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import heapq
 import itertools
@@ -59,8 +60,18 @@ SETTINGS: dict[str, dict[str, Any]] = {
 """Overrides of the project's pinned TPE arguments; ``"scaled"``: max(10, 2 K); ``"adaptive"``:
 max(1, 11 - K), so that about 10 trials are random in all, the K that start with nothing to
 learn from included (Optuna counts only finished trials towards ``n_startup_trials``)."""
+ABLATIONS: dict[str, dict[str, Any]] = {
+    "auto-liar": {"constant_liar": True, "distinct": False, "thompson": False},
+    "auto-argmax": {"thompson": False},
+    "auto-joint": {"multivariate": True},
+    "auto-nofill": {"spacefill": False, "start": 10},
+    "auto-fill": {"spacefill": True, "start": "K"},
+}
+"""``auto`` with one part of its plan for K changed (:class:`search.record.auto.Plan`; a
+``start`` of ``"K"`` is ``max(K, 10)``): what each part of the plan buys."""
 CONTENDERS: dict[str, tuple[str, dict[str, Any]]] = {
     "auto": ("auto", {}),
+    **{name: ("auto", {}) for name in ABLATIONS},
     "tpe": ("tpe", {}),
     "random": ("random", {}),
     SEQUENTIAL: ("optuna", {}),
@@ -134,6 +145,11 @@ def _study(table: Table, contender: str, seed: int, k: int, kind: str) -> tuple[
         sampler = optuna.samplers.TPESampler(seed=seed) if name == "optuna" else build_sampler(spec)
         study = optuna.create_study(sampler=sampler)
         configure(study, k)
+        if contender in ABLATIONS:
+            change = dict(ABLATIONS[contender])
+            if change.get("start") == "K":
+                change["start"] = max(k, 10)
+            study.sampler.use(dataclasses.replace(study.sampler.plan, **change))
     return study, spec
 
 

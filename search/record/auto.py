@@ -108,8 +108,12 @@ class AutoSampler(BaseSampler):
     def configure(self, concurrency: int) -> Plan:
         """Chooses the plan for ``concurrency`` trials at once; call before the first ask."""
         startup = int(self._tpe_args.get("n_startup_trials", 10))
-        self.plan = plan_for(max(1, concurrency), startup)
-        plan = self.plan
+        return self.use(plan_for(max(1, concurrency), startup))
+
+    def use(self, plan: Plan) -> Plan:
+        """Proposes by ``plan`` from the next ask on (:meth:`configure` chooses one; a
+        benchmark can compare others)."""
+        self.plan = plan
         args = {**self._tpe_args, "constant_liar": plan.constant_liar}
         if not plan.multivariate:
             args.update(multivariate=False, group=False)  # group needs multivariate
@@ -123,7 +127,7 @@ class AutoSampler(BaseSampler):
             else:
                 model = BoundedTPESampler(seed=self._seed, **args)
         self._model = model
-        return self.plan
+        return plan
 
     def describe(self) -> dict[str, Any]:
         """What the study records of the plan (the ``sampler`` user attribute's ``plan``)."""
