@@ -97,6 +97,14 @@ def test_drive_keeps_the_numbers_and_names_what_it_dropped() -> None:
     assert epoch.fail_reason is None
 
 
+def test_a_metric_under_the_reserved_prefix_is_refused_in_one_line() -> None:
+    """A trainable's ``search/epoch`` would be read as the worker's own epoch key."""
+    from search.contract import ConfigError
+
+    with pytest.raises(ConfigError, match=r"^the trainable yielded 'search/epoch' at epoch 2: "):
+        list(drive(iter([{"loss": 1.0}, {"loss": 0.5, EPOCH: 7}]), max_epochs=5))
+
+
 def test_an_objective_that_is_not_a_number_fails_the_epoch_and_is_not_dropped() -> None:
     [epoch] = drive(iter([{"val_accuracy": None, "note": "x"}]), 1, metric="val_accuracy")
     assert epoch.fail_reason == "metric val_accuracy is not a number at epoch 1 (got NoneType None)"

@@ -20,7 +20,7 @@ from contextlib import closing
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NoReturn, cast
 
-from search.contract.context import ConfigError, Metrics, TrainFn, TrialContext
+from search.contract.context import RESERVED_PREFIX, ConfigError, Metrics, TrainFn, TrialContext
 from search.errors import SearchError
 
 if TYPE_CHECKING:
@@ -171,6 +171,7 @@ def drive(
                     f"the trainable yielded a {type(raw).__name__} at epoch {number}; yield one "
                     "dict of metrics per epoch, e.g. yield {'val_loss': 0.3}"
                 )
+            _check_keys(raw, number)
             converted = as_metrics(raw)
             missing = (metric_problem(converted, m, number) for m in required if m)
             reason = next((m for m in missing if m), None) or nonfinite_reason(converted, number)
@@ -183,6 +184,24 @@ def drive(
         close = getattr(epochs, "close", None)
         if callable(close):
             close()
+
+
+def _check_keys(metrics: Mapping[str, Any], number: int) -> None:
+    """Refuses a metric whose name starts with :data:`RESERVED_PREFIX`: the worker's own
+    keys travel under it, and one of the trainable's would be read as the worker's.
+
+    Example:
+        >>> _check_keys({"search/epoch": 3}, 1)
+        Traceback (most recent call last):
+        ...
+        search.contract.context.ConfigError: the trainable yielded 'search/epoch' at epoch 1: ...
+    """
+    for key in metrics:
+        if isinstance(key, str) and key.startswith(RESERVED_PREFIX):
+            raise ConfigError(
+                f"the trainable yielded {key!r} at epoch {number}: names that start with "
+                f"{RESERVED_PREFIX!r} are the project's own; rename the metric"
+            )
 
 
 def _check_generator(epochs: Any) -> None:
