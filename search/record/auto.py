@@ -1,26 +1,29 @@
-"""``sampler: {name: auto}``: TPE set for the number of trials that run at once.
+"""``sampler: {name: auto}``: TPE set for the number of trials that run at once, K.
 
 One trial at a time, TPE is at its best as the project pins it (multivariate, grouped, ten
-random configs first). With K trials at once three things go wrong, each measured on the
-published tables of ``benchmarks/quality.py``:
+random configs first, the constant liar): ``auto`` is exactly that TPE at K = 1. With K
+trials at once, each proposal is made while K - 1 others run, and three things go wrong
+(``benchmarks/sampler_settings.py`` measures each, and the docs' search-quality page says
+what each part of the plan buys):
 
-- the first K configs are proposed before any result, and Optuna counts only *finished*
-  trials towards ``n_startup_trials``, so at K = 16 about a quarter of the first 100 configs
-  are independent random draws: the start here is a space-filling batch
-  (:mod:`search.record.spacefill`) of ``max(K, n_startup_trials)`` configs, and the model
-  takes over as soon as one trial has finished;
-- the constant liar counts every running trial as a bad result, and with K of them in the
-  region the model likes, the next proposal is pushed away from it (over-exploration); here
-  running trials are not lied about, and a proposal skips configs already running or done
-  (:mod:`search.record.distinct`);
-- the sampler was built before the runner knew K: :meth:`AutoSampler.configure` takes it from
-  the runner before the first ask, and the study records the :class:`Plan` it chose.
+- the constant liar counts every running trial as a bad result; with K - 1 of them in the
+  region the model likes, the next proposal is pushed out of it (over-exploration). Here
+  running trials are not lied about; a proposal skips configs the study already holds and
+  draws its pick among TPE's candidates in proportion to their density ratio, so K proposals
+  made on one model land apart (:mod:`search.record.distinct`);
+- from K = 8 on (:data:`MANY_FROM`), the joint model loses to univariate TPE, and the first
+  K configs, proposed before any result, are independent random draws, with about a quarter
+  of the first 100 at K = 16 (Optuna counts only *finished* trials towards
+  ``n_startup_trials``). There the start is a space-filling batch of ``max(K, 10)``
+  (:mod:`search.record.spacefill`), and the model takes over once one trial has finished;
+- the sampler is built before the runner knows K: :meth:`AutoSampler.configure` takes it
+  before the first ask, and the study records the :class:`Plan` it chose.
 
 Example:
-    >>> plan_for(1)
-    Plan(concurrency=1, start=10, spacefill=False, constant_liar=True, distinct=False)
-    >>> plan_for(16)
-    Plan(concurrency=16, start=16, spacefill=True, constant_liar=False, distinct=True)
+    >>> plan_for(1).constant_liar, plan_for(4).constant_liar, plan_for(4).thompson
+    (True, False, True)
+    >>> plan_for(16).multivariate, plan_for(16).spacefill, plan_for(16).start
+    (False, True, 16)
 """
 
 from __future__ import annotations
