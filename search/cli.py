@@ -125,6 +125,7 @@ def run(
     )
     # Ray Tune comes with the runner (over a second to import): after the checks, so a spec
     # they refuse costs none of it.
+    from search.record.lease import TAKEN_EXIT_STATUS, StudyTakenError
     from search.record.queries import write_results
     from search.record.study import load_study
     from search.report.console import print_summary
@@ -139,8 +140,12 @@ def run(
         takeover=takeover,
         source=str(spec),
     )
-    with full_disk_is_one_line(parsed.storage, results):
-        summary = run_study(parsed, options)
+    try:
+        with full_disk_is_one_line(parsed.storage, results):
+            summary = run_study(parsed, options)
+    except StudyTakenError as exc:  # another driver runs the study now: it is not ours to end
+        typer.echo(f"error: {one_line(str(exc))}", err=True)
+        raise typer.Exit(TAKEN_EXIT_STATUS) from None
     with ray_stopping_behind():  # the results and the report need only the study
         done = load_study(parsed.study, parsed.storage)
         folder = write_results(done, parsed, results)

@@ -38,6 +38,7 @@ SLOWEST_FIRST = (
     "test_run_e2e.py",  # 60
     "test_cluster.py",  # 54
     "test_placement.py",  # 52
+    "test_takeover.py",  # 50
     "test_resume.py",  # 50
     "test_tracking.py",  # 50
     "test_mistakes.py",  # 50

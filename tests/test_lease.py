@@ -78,13 +78,14 @@ def test_takeover_and_a_stale_lease(url: str, monkeypatch: pytest.MonkeyPatch) -
     try:
         with pytest.raises(StudyBusyError):
             StudyLease(url, "s", "me").acquire()
+        monkeypatch.setattr(lease_module, "TTL_S", 0.5)
         taker = StudyLease(url, "s", "taker")
         taker.acquire(takeover=True)
         taker._stop.set()  # stops renewing, as a hung driver would
         taker._thread.join()
-        monkeypatch.setattr(lease_module, "TTL_S", 0.5)
-        time.sleep(0.6)
-        StudyLease(url, "s", "after").acquire()  # a lease not renewed for TTL_S is free
+        # a lease this driver watched go unrenewed for TTL_S on its own clock is free
+        StudyLease(url, "s", "after").acquire()
+        assert not taker.holds() and taker.taken
     finally:
         _kill(live)
 
@@ -337,3 +338,33 @@ def test_the_next_run_stops_the_ray_agents_a_killed_driver_left(
             driver.kill()
             driver.wait()
         stop(recorded)  # whatever this test's own driver left, should the run not have
+
+
+def test_a_trial_asked_for_after_the_study_was_taken_never_runs_nor_counts(
+    tmp_path: Path,
+) -> None:
+    """The window between the bridge's check of the lease and its ``ask``: a driver paused
+    there wakes to a study another driver took; the trial it just made is failed as
+    interrupted (replaced, not counted) and no config is handed to Tune."""
+    from ray.tune.search import Searcher
+
+    from search.record.resume import INTERRUPTED, counts
+    from search.run.bridge import TAKEN, OptunaBridge
+    from search.spec.space import Param
+
+    study = optuna.create_study(storage=f"sqlite:///{tmp_path}/b.db", study_name="b")
+    answers = iter([True, False])  # holds before the ask, taken after it
+    bridge = OptunaBridge(
+        study,
+        {"x": Param.model_validate({"uniform": [0.0, 1.0]})},
+        {},
+        metric="acc",
+        mode="max",
+        max_epochs=2,
+        fence=lambda read: next(answers, False),
+    )
+    assert bridge.suggest("ray-1") is Searcher.FINISHED
+    (trial,) = study.get_trials()
+    assert trial.state.name == "FAIL" and trial.user_attrs["fail_reason"] == INTERRUPTED
+    assert not counts(trial) and bridge.cut_by == TAKEN
+    assert bridge.suggest("ray-2") is Searcher.FINISHED and len(study.get_trials()) == 1

@@ -31,7 +31,7 @@ from search.record.queries import EPOCHS_FILE, append_epochs, objective_curves, 
 from search.record.resume import earlier_curves
 from search.record.warm import pending_start
 from search.record.writeback import WriteBehindStorage
-from search.run.bridge import ErrorCallback, OptunaBridge, Outcome
+from search.run.bridge import TAKEN, ErrorCallback, OptunaBridge, Outcome
 from search.run.budget import BUDGET_CAUSE, DeviceBudget, budget_for, spent_before
 from search.run.cluster import init_ray, untagged_callbacks
 from search.run.faults import DiskFault
@@ -66,12 +66,15 @@ def fit(
     data: SharedData,
     termination: Termination | None = None,
     listeners: Sequence[Callable[[Outcome], None]] = (),
+    fence: Callable[[bool], bool] | None = None,
 ) -> tuple[dict[int, str], str | None, tuple[float, float, str] | None]:
     """Runs ``budget`` trials through Ray Tune; returns each one's number and final state, why
     the run stopped early (``None`` when it did not), and the device-hours spent against the
     spec's device budget (``None`` without one). ``termination`` records whether SIGTERM
     stopped the run (:mod:`search.run.signals`); ``listeners`` are told each trial's
-    :class:`~search.run.bridge.Outcome` once the study holds it."""
+    :class:`~search.run.bridge.Outcome` once the study holds it; ``fence`` says whether
+    this run still holds the study's lease (:class:`~search.run.bridge.OptunaBridge`): once
+    another driver took the study, the run stops at once and writes none of its trials."""
     import optuna
 
     init_ray(options.address)
@@ -112,15 +115,17 @@ def fit(
             *listeners,
         ],
         start=pending_start(study, spec),
+        fence=fence,
     )
     fault.on_fault = lambda trial_id: bridge.cut(DISK_FULL, trial_id)
 
     def verdict() -> str | None:
         return watch.verdict or unread.verdict
 
-    stopper = RunStopper(
-        spec.budget.time_limit_s, bridge.mark_interrupted, lambda: verdict() or fault.verdict
-    )
+    def abort() -> str | None:
+        return verdict() or fault.verdict or (None if bridge.holds(read=False) else TAKEN)
+
+    stopper = RunStopper(spec.budget.time_limit_s, bridge.mark_interrupted, abort)
     meter = _device_budget(spec, placement, bridge)
     termination = termination or Termination()
     termination.on_signal = lambda: bridge.cut(TERMINATED)
@@ -144,7 +149,11 @@ def fit(
             cause = bridge.cut_by or cause
             bridge.finalize("run stopped early" if verdict() else cause)
         finally:
-            storage.close()
+            try:
+                storage.close()
+            except Exception:
+                if bridge.holds(read=False):
+                    raise  # else: writes to trials the new holder settled, refused
     fault.raise_if_met([str(options.results_dir), spec.storage])
     hours = (meter.spent_hours, meter.hours, meter.unit) if meter.hours else None
     return dict(bridge.finished.values()), verdict(), hours

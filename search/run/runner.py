@@ -66,10 +66,22 @@ def run_study(spec: StudySpec, options: RunOptions = RunOptions()) -> RunSummary
         termination = Termination()
         tracker = track(spec, study, options.results_dir)
         finished, stopped, hours = (
-            fit(spec, options, study, lease.run_id, budget, shared, termination, _told(tracker))
+            fit(
+                spec,
+                options,
+                study,
+                lease.run_id,
+                budget,
+                shared,
+                termination,
+                _told(tracker),
+                fence=lease.holds,
+            )
             if budget > 0
             else ({}, None, None)
         )
+        if lease.taken:  # another driver took the study: one line, TAKEN_EXIT_STATUS
+            raise lease.taken_error()
     except BaseException:
         lease.release()
         if tracker is not None:  # the parent run ends KILLED, and the line still shows
