@@ -130,7 +130,7 @@ def run(
     from search.record.study import load_study
     from search.report.console import print_summary
     from search.run.runner import RunOptions, run_study
-    from search.run.signals import EXIT_STATUS
+    from search.run.signals import EXIT_STATUS, INTERRUPT_EXIT_STATUS
 
     options = RunOptions(
         results_dir=results,
@@ -143,20 +143,25 @@ def run(
     try:
         with full_disk_is_one_line(parsed.storage, results):
             summary = run_study(parsed, options)
+        with ray_stopping_behind():  # the results and the report need only the study
+            done = load_study(parsed.study, parsed.storage)
+            folder = write_results(done, parsed, results)
+            print_summary(console, done, summary, folder)
+            _report_after_run(done, results)
     except StudyTakenError as exc:  # another driver runs the study now: it is not ours to end
         typer.echo(f"error: {one_line(str(exc))}", err=True)
         raise typer.Exit(TAKEN_EXIT_STATUS) from None
-    with ray_stopping_behind():  # the results and the report need only the study
-        done = load_study(parsed.study, parsed.storage)
-        folder = write_results(done, parsed, results)
-        print_summary(console, done, summary, folder)
-        _report_after_run(done, results)
+    except KeyboardInterrupt:  # Ctrl-C outside Tune's loop, or a second one inside it
+        typer.echo("stopped at once by Ctrl-C; the same command continues the study", err=True)
+        raise typer.Exit(INTERRUPT_EXIT_STATUS) from None
     if summary.terminated:  # as a shell reports a process SIGTERM ended (search/run/signals.py)
         typer.echo(
             "stopped by SIGTERM; the same command continues the study, its cut trials replaced",
             err=True,
         )
         raise typer.Exit(EXIT_STATUS)
+    if summary.interrupted_by_user:  # Ctrl-C: its line came at once (search/run/signals.py)
+        raise typer.Exit(INTERRUPT_EXIT_STATUS)
     if summary.stopped_early:
         typer.echo(
             f"error: {summary.stopped_early}; fix it and run again (the run stopped "

@@ -245,7 +245,8 @@ class OptunaBridge(Searcher):
             self._finish(trial_id)
 
     def cut(self, cause: str, trial_id: str | None = None) -> None:
-        """The world cut the run (``cause``, one of :data:`search.record.fate.WORLD`): every
+        """The world or Ctrl-C cut the run (``cause``, one of :data:`search.record.fate.WORLD`,
+        or :data:`search.record.fate.INTERRUPT`): every
         trial still open is settled at once as cut by it, ``trial_id``'s too when its own
         error was the world's (a full disk), and no new trial starts."""
         self.cut_by = cause

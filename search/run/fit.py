@@ -26,7 +26,7 @@ from search.compute.gpu_memory import measure
 from search.compute.job import trial_job
 from search.compute.placement import Placement, resolve
 from search.contract import declarations
-from search.record.fate import DISK_FULL, TERMINATED
+from search.record.fate import DISK_FULL, INTERRUPT, TERMINATED
 from search.record.queries import EPOCHS_FILE, append_epochs, objective_curves, read_epochs
 from search.record.resume import earlier_curves
 from search.record.warm import pending_start
@@ -122,29 +122,35 @@ def fit(
     def verdict() -> str | None:
         return watch.verdict or unread.verdict
 
-    def abort() -> str | None:
-        return verdict() or fault.verdict or (None if bridge.holds(read=False) else TAKEN)
+    termination = termination or Termination()
+    termination.on_signal = lambda: bridge.cut(TERMINATED)
+    termination.on_interrupt = lambda: bridge.cut(INTERRUPT)
+
+    def abort() -> str | None:  # Tune's loop asks on every step (RunStopper.stop_all)
+        signalled = termination.act()  # the cut a signal asked for, here, not in its handler
+        taken = None if bridge.holds(read=False) else TAKEN
+        return verdict() or fault.verdict or taken or signalled
 
     stopper = RunStopper(spec.budget.time_limit_s, bridge.mark_interrupted, abort)
     meter = _device_budget(spec, placement, bridge)
-    termination = termination or Termination()
-    termination.on_signal = lambda: bridge.cut(TERMINATED)
     tuner = _tuner(
         spec, options, bridge, placement, data, CombinedStopper(stopper, meter), budget, fault
     )
     try:
-        # SIGTERM: as Ctrl-C; a full disk: the run stops. Their cut trials replaced next run.
+        # SIGTERM, Ctrl-C (search/run/signals.py), a full disk: the run stops. The trials
+        # SIGTERM or a full disk cut are replaced next run.
         with termination.watch(), fault.watching_ray_logs(), untagged_callbacks():
             tuner.fit()
-    except KeyboardInterrupt:
-        if not termination.received:
+    except KeyboardInterrupt:  # a second Ctrl-C: at once
+        if not termination.interrupted:
             raise
     except Exception as exc:  # Tune's own write (its experiment state) met a full disk
         if not fault.met(exc):
             raise
     finally:
         try:
-            cause = "time limit" if stopper.expired else "interrupt"
+            termination.act()  # a signal the loop had no step left to act on
+            cause = "time limit" if stopper.expired else INTERRUPT
             cause = BUDGET_CAUSE if meter.exhausted else cause
             cause = bridge.cut_by or cause
             bridge.finalize("run stopped early" if verdict() else cause)

@@ -88,7 +88,8 @@ def run_study(spec: StudySpec, options: RunOptions = RunOptions()) -> RunSummary
             print(tracker.close("KILLED"), file=sys.stderr)
         raise
     lease.release()
-    status = "KILLED" if termination.received else "FAILED" if stopped else "FINISHED"
+    signalled = termination.received or termination.interrupted
+    status = "KILLED" if signalled else "FAILED" if stopped else "FINISHED"
     tracked = tracker.close(status) if tracker is not None else None
     return RunSummary(
         study_name=spec.study,
@@ -100,6 +101,7 @@ def run_study(spec: StudySpec, options: RunOptions = RunOptions()) -> RunSummary
         stopped_early=stopped,
         device_hours=hours,
         terminated=termination.received,
+        interrupted_by_user=termination.interrupted and not termination.received,
         tracking=tracked,
     )
 
