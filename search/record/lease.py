@@ -31,8 +31,9 @@ line (:class:`StudyTakenError`).
 A driver that started a local Ray records its processes in the lease too (``ray``: each
 ``[pid, start time]``, renewed with the lease: :meth:`StudyLease.keep`). Ray's agents outlive a
 driver killed with ``kill -9``; the next run that takes the lease from that verifiably gone
-holder stops the recorded processes that are still the same processes, and says how many
-(:mod:`search.record.processes`). A driver that joined a cluster records none.
+holder stops the recorded processes that are still the same processes and prove they are that
+run's own (its id in their environment), and says how many (:mod:`search.record.processes`): a
+forged lease makes it kill nothing. A driver that joined a cluster records none.
 
 Taking or renewing a lease on an RDB storage (SQLite, PostgreSQL) is a compare-and-set in one
 transaction: the lease is written only if the stored one is still the one this driver read,
@@ -257,7 +258,7 @@ class StudyLease:
 
     def _stop_leftovers(self, previous: dict[str, Any]) -> None:
         """Stops the Ray processes a dead holder recorded that are still alive."""
-        stopped = stop(previous.get("ray") or [])
+        stopped = stop(previous.get("ray") or [], str(previous.get("run") or ""))
         if stopped:
             _log.warning(
                 "stopped %d process%s of the local Ray that the dead run %s left on this machine",

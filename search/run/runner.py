@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 from search.record.lease import StudyLease, new_run_id
 from search.record.mlflow_runs import TrialRun
+from search.record.processes import mark
 from search.record.resume import recover
 from search.record.samplers import grid_size
 from search.record.storage import redact
@@ -127,7 +128,7 @@ def _forget_if_new(study: optuna.Study) -> None:
 
 
 def _open(
-    spec: StudySpec, options: RunOptions, knobs: bool = True
+    spec: StudySpec, options: RunOptions, knobs: bool = True, run_id: str = ""
 ) -> tuple[optuna.Study, StudyLease]:
     """Checks the spec's knobs against the trainable and that it is a generator (unless
     ``knobs`` is False: a built-in, checked already), then opens the study and takes its
@@ -139,7 +140,7 @@ def _open(
     if spec.warm_start is not None:
         earlier_study(spec, options.source)  # a missing one stops the run before the study
     study = open_study(spec, restart=options.restart, source=options.source)
-    lease = StudyLease(spec.storage, spec.study, new_run_id())
+    lease = StudyLease(spec.storage, spec.study, run_id or new_run_id())
     lease.acquire(options.takeover)
     return study, lease
 
@@ -153,9 +154,11 @@ def _open_while_ray_starts(
     where it sets its SIGTERM handler. The data comes as a future: a loader's error surfaces
     once the lease is held (and released however the run ends). ``knobs``: whether
     :func:`_open` checks the spec's knobs (a user's trainable; a built-in's are checked before)."""
+    run_id = new_run_id()
+    mark(run_id)  # the local Ray's processes carry it: the proof that they are this run's
     pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="search-start")
     try:
-        opening = pool.submit(_open, spec, options, knobs)
+        opening = pool.submit(_open, spec, options, knobs, run_id)
         data = pool.submit(load_data, spec.data)
         try:
             started = init_ray(options.address)
