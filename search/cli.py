@@ -425,10 +425,11 @@ def train(
     """
     import json
 
-    from search.handover.train import train_spec
+    from search.handover.train import train_spec, will_import
     from search.spec.schema import load_spec
 
     parsed = load_spec(spec)
+    console.print(will_import(parsed, str(spec)), markup=False)
     metric = parsed.primary.metric
     final = train_spec(parsed, out, log=lambda line: console.print(line, markup=False))
     console.print(f"{metric} {final[metric]:.4f}")

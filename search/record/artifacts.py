@@ -23,6 +23,8 @@ from collections import defaultdict
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
+from search.record.folders import study_folder
+
 if TYPE_CHECKING:
     import optuna
 
@@ -37,7 +39,7 @@ TAIL_BYTES = 1 << 20
 
 def store_path(results_dir: Path, study_name: str) -> Path:
     """The artifact folder of ``study_name``: ``results_dir/<study>/artifacts``."""
-    return Path(results_dir) / study_name / ARTIFACTS_DIR
+    return study_folder(results_dir, study_name) / ARTIFACTS_DIR
 
 
 def made(folder: Path) -> Path:

@@ -27,6 +27,7 @@ from search.compute.job import trial_job
 from search.compute.placement import Placement, resolve
 from search.contract import declarations
 from search.record.fate import DISK_FULL, INTERRUPT, TERMINATED
+from search.record.folders import study_folder
 from search.record.queries import EPOCHS_FILE, append_epochs, objective_curves, read_epochs
 from search.record.resume import earlier_curves
 from search.record.warm import pending_start
@@ -90,7 +91,7 @@ def fit(
     watch = FailFast(min(FIRST, budget))
     unread = UnreadKeys(spec.space, spec.trainable, options.source)
     fault = DiskFault()
-    table = options.results_dir / spec.study / EPOCHS_FILE
+    table = study_folder(options.results_dir, spec.study) / EPOCHS_FILE
 
     def attach(done: Outcome) -> None:
         # the bridge's study, read when a trial ends: Ray pickles the bridge and its
@@ -218,7 +219,7 @@ def _tuner(
     if isinstance(scheduler, PruneReportingASHA):
         scheduler.restore_rungs(earlier_curves(bridge.study))
     elif isinstance(scheduler, MultiObjectiveASHA):  # no intermediate values: the epochs table
-        table = read_epochs(options.results_dir / spec.study / EPOCHS_FILE)
+        table = read_epochs(study_folder(options.results_dir, spec.study) / EPOCHS_FILE)
         scheduler.restore_rungs(objective_curves(table, [o.metric for o in spec.objectives]))
     packed = 0 < placement.gpus_per_trial < 1  # an out-of-memory trial retries with more GPU
     max_failures = max(spec.faults.max_failures, OOM_RETRIES if packed else 0)
