@@ -32,6 +32,7 @@ SLOWEST_FIRST = (
     # file: its time alone here, in a serial run of the whole suite (seconds, 2026-12-03)
     "test_examples.py",  # 158
     "test_tf_trainables.py",  # 108
+    "test_outage.py",  # 100
     "test_registry_export.py",  # 98
     "test_chaos.py",  # 75
     "test_multiobjective.py",  # 61

@@ -28,6 +28,7 @@ from search.compute.placement import Placement, resolve
 from search.contract import declarations
 from search.record.fate import DISK_FULL, INTERRUPT, TERMINATED
 from search.record.folders import study_folder
+from search.record.outage import StorageOutageError
 from search.record.queries import EPOCHS_FILE, append_epochs, objective_curves, read_epochs
 from search.record.resume import earlier_curves
 from search.record.warm import pending_start
@@ -146,7 +147,7 @@ def fit(
         if not termination.interrupted:
             raise
     except Exception as exc:  # Tune's own write (its experiment state) met a full disk
-        if not fault.met(exc):
+        if not fault.met(exc) and storage.outage.gave_up is None:
             raise
     finally:
         try:
@@ -154,13 +155,16 @@ def fit(
             cause = "time limit" if stopper.expired else INTERRUPT
             cause = BUDGET_CAUSE if meter.exhausted else cause
             cause = bridge.cut_by or cause
-            bridge.finalize("run stopped early" if verdict() else cause)
+            if storage.outage.gave_up is None:  # else nothing can be written: the next run
+                bridge.finalize("run stopped early" if verdict() else cause)  # settles them
         finally:
             try:
                 storage.close()
             except Exception:
-                if bridge.holds(read=False):
+                if bridge.holds(read=False) and storage.outage.gave_up is None:
                     raise  # else: writes to trials the new holder settled, refused
+    if storage.outage.gave_up is not None:  # the database did not come back in time
+        raise StorageOutageError(storage.outage.gave_up)
     fault.raise_if_met([str(options.results_dir), spec.storage])
     hours = (meter.spent_hours, meter.hours, meter.unit) if meter.hours else None
     return dict(bridge.finished.values()), verdict(), hours
