@@ -108,3 +108,31 @@ def test_train_names_the_trainable_and_loader_before_it_imports_them(tmp_path: P
     assert result.exit_code == 0, result.output
     first = result.output.splitlines()[0]
     assert first == (f"importing trainable search.testing:curve and no data, as {spec} names them")
+
+
+def test_logs_prints_no_file_the_storage_names_but_a_trials_output(tmp_path: Path) -> None:
+    """``user_attrs.log`` is a trial attribute anyone who writes the storage can set: a file
+    that is not a trial's ``output.log`` is never printed."""
+    secret = tmp_path / "secret.txt"
+    secret.write_text("the-secret\n")
+    url = f"sqlite:///{tmp_path}/s.db"
+    study = _study(url, "plain")
+    study.add_trial(create_trial(value=0.5, user_attrs={"log": str(secret)}))
+    result = CliRunner().invoke(app, ["logs", "plain", "2", "--storage", url])
+    assert result.exit_code == 2, result.output
+    assert "the-secret" not in result.output
+    (line,) = _errors(result.output)
+    assert "not a trial's output.log" in line
+
+
+def test_an_artifact_id_from_the_storage_never_becomes_a_path(tmp_path: Path) -> None:
+    import json
+
+    from search.record.artifacts import attached
+
+    url = f"sqlite:///{tmp_path}/s.db"
+    study = _study(url, "plain")
+    for key, artifact_id in (("artifacts:a", "../../escape"), ("artifacts:b", "fine-id")):
+        meta = {"artifact_id": artifact_id, "filename": key[-1] + ".png"}
+        study._storage.set_study_system_attr(study._study_id, key, json.dumps(meta))
+    assert attached(study)[None] == {"b.png": "fine-id"}
