@@ -12,7 +12,10 @@ A lease is data that whoever can write the storage can forge, and ``/proc`` tell
 process's start time. So a process is stopped only when it also proves it is the run's own:
 its environment, set when it started, holds :data:`RUN_ENV` with the run's id (the driver sets
 it before it starts Ray: :func:`mark`; Ray's processes inherit it). A process the run did not
-start never has it, and a process of another user cannot be read (nor killed) at all.
+start never has it, and a process of another user cannot be read (nor killed) at all. Ray's
+Python agents rename themselves (``ray::DashboardAgent``), which overwrites the environment
+``/proc`` shows; such a process passes only as what it is: a Ray process whose Ray is gone (its
+parent is no Ray process any more: :func:`ray_orphan`), never one a live Ray owns.
 """
 
 from __future__ import annotations
@@ -92,13 +95,40 @@ def named(pids: Iterable[int]) -> list[list[str]]:
     return [list(identity) for identity in map(proc, pids) if identity[0]]
 
 
+def _cmdline(pid: int | str) -> str:
+    with contextlib.suppress(OSError):
+        return (
+            Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        )
+    return ""
+
+
+def ray_orphan(pid: int | str) -> bool:
+    """Whether ``pid`` is a Ray process (titled ``ray::...``) that no Ray owns any more: its
+    parent is neither a raylet nor another Ray process (its raylet died; it was reparented).
+
+    Example:
+        >>> ray_orphan(os.getpid())
+        False
+    """
+    if not _cmdline(pid).startswith("ray::"):
+        return False
+    with contextlib.suppress(OSError, IndexError):
+        parent = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1]
+        owner = _cmdline(parent)
+        return "raylet" not in owner and "gcs_server" not in owner and "ray::" not in owner
+    return False
+
+
 def stop(recorded: Iterable[Sequence[str]], run_id: str) -> int:
     """SIGKILLs each recorded ``[pid, start time]`` that is still that process and was started
-    by run ``run_id`` (:func:`started_by`); a pid now held by another process, with another
-    start time, or a process the run did not start, is left alone. Returns how many it killed."""
+    by run ``run_id`` (:func:`started_by`), or is a Ray process no Ray owns (:func:`ray_orphan`);
+    a pid now held by another process, with another start time, or any other process, is left
+    alone. Returns how many it killed."""
     killed = 0
     for pid, start in (tuple(map(str, r)) for r in recorded if len(r) == 2):
-        if start and proc(pid) == (pid, start) and started_by(pid, run_id):
+        proven = started_by(pid, run_id) or ray_orphan(pid)
+        if start and proc(pid) == (pid, start) and proven:
             with contextlib.suppress(ProcessLookupError, PermissionError, ValueError):
                 os.kill(int(pid), signal.SIGKILL)
                 killed += 1
