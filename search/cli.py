@@ -125,11 +125,12 @@ def run(
     )
     # Ray Tune comes with the runner (over a second to import): after the checks, so a spec
     # they refuse costs none of it.
+    from search.record.lease import TAKEN_EXIT_STATUS, StudyTakenError
     from search.record.queries import write_results
     from search.record.study import load_study
     from search.report.console import print_summary
     from search.run.runner import RunOptions, run_study
-    from search.run.signals import EXIT_STATUS
+    from search.run.signals import EXIT_STATUS, INTERRUPT_EXIT_STATUS
 
     options = RunOptions(
         results_dir=results,
@@ -139,19 +140,28 @@ def run(
         takeover=takeover,
         source=str(spec),
     )
-    with full_disk_is_one_line(parsed.storage, results):
-        summary = run_study(parsed, options)
-    with ray_stopping_behind():  # the results and the report need only the study
-        done = load_study(parsed.study, parsed.storage)
-        folder = write_results(done, parsed, results)
-        print_summary(console, done, summary, folder)
-        _report_after_run(done, results)
+    try:
+        with full_disk_is_one_line(parsed.storage, results):
+            summary = run_study(parsed, options)
+        with ray_stopping_behind():  # the results and the report need only the study
+            done = load_study(parsed.study, parsed.storage)
+            folder = write_results(done, parsed, results)
+            print_summary(console, done, summary, folder)
+            _report_after_run(done, results)
+    except StudyTakenError as exc:  # another driver runs the study now: it is not ours to end
+        typer.echo(f"error: {one_line(str(exc))}", err=True)
+        raise typer.Exit(TAKEN_EXIT_STATUS) from None
+    except KeyboardInterrupt:  # Ctrl-C outside Tune's loop, or a second one inside it
+        typer.echo("stopped at once by Ctrl-C; the same command continues the study", err=True)
+        raise typer.Exit(INTERRUPT_EXIT_STATUS) from None
     if summary.terminated:  # as a shell reports a process SIGTERM ended (search/run/signals.py)
         typer.echo(
             "stopped by SIGTERM; the same command continues the study, its cut trials replaced",
             err=True,
         )
         raise typer.Exit(EXIT_STATUS)
+    if summary.interrupted_by_user:  # Ctrl-C: its line came at once (search/run/signals.py)
+        raise typer.Exit(INTERRUPT_EXIT_STATUS)
     if summary.stopped_early:
         typer.echo(
             f"error: {summary.stopped_early}; fix it and run again (the run stopped "
@@ -415,10 +425,11 @@ def train(
     """
     import json
 
-    from search.handover.train import train_spec
+    from search.handover.train import train_spec, will_import
     from search.spec.schema import load_spec
 
     parsed = load_spec(spec)
+    console.print(will_import(parsed, str(spec)), markup=False)
     metric = parsed.primary.metric
     final = train_spec(parsed, out, log=lambda line: console.print(line, markup=False))
     console.print(f"{metric} {final[metric]:.4f}")

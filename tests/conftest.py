@@ -33,9 +33,11 @@ SLOWEST_FIRST = (
     "test_examples.py",  # 158
     "test_tf_trainables.py",  # 108
     "test_registry_export.py",  # 98
+    "test_outage.py",  # 95
     "test_chaos.py",  # 75
     "test_multiobjective.py",  # 61
     "test_run_e2e.py",  # 60
+    "test_takeover.py",  # 60
     "test_cluster.py",  # 54
     "test_placement.py",  # 52
     "test_resume.py",  # 50

@@ -17,7 +17,7 @@ import pytest
 
 from search.record import lease as lease_module
 from search.record.lease import StudyBusyError, StudyLease, held
-from search.record.processes import named, stop
+from search.record.processes import RUN_ENV, named, stop
 from tests.conftest import REPO, base_spec, write_spec
 
 pytestmark = pytest.mark.slow  # over 5 s here: make test-fast leaves it out
@@ -80,13 +80,14 @@ def test_takeover_and_a_stale_lease(url: str, monkeypatch: pytest.MonkeyPatch) -
     try:
         with pytest.raises(StudyBusyError):
             StudyLease(url, "s", "me").acquire()
+        monkeypatch.setattr(lease_module, "TTL_S", 0.5)
         taker = StudyLease(url, "s", "taker")
         taker.acquire(takeover=True)
         taker._stop.set()  # stops renewing, as a hung driver would
         taker._thread.join()
-        monkeypatch.setattr(lease_module, "TTL_S", 0.5)
-        time.sleep(0.6)
-        StudyLease(url, "s", "after").acquire()  # a lease not renewed for TTL_S is free
+        # a lease this driver watched go unrenewed for TTL_S on its own clock is free
+        StudyLease(url, "s", "after").acquire()
+        assert not taker.holds() and taker.taken
     finally:
         _kill(live)
 
@@ -188,8 +189,10 @@ def test_a_database_locked_by_another_process_is_named_as_such(
 KEEP = """
 import subprocess, sys, time
 from search.record.lease import StudyLease
+from search.record.processes import mark
 lease = StudyLease(sys.argv[1], "s", "dies")
 lease.acquire()
+mark("dies")  # as the runner does before it starts Ray: what it starts carries the run id
 child = subprocess.Popen(["sleep", "120"], start_new_session=True)  # outlives a killpg
 lease.keep([child.pid])
 print(child.pid, flush=True)
@@ -198,15 +201,16 @@ time.sleep(600)
 
 
 def test_stop_kills_a_recorded_process_and_never_a_pid_that_another_process_holds() -> None:
-    sleeper = subprocess.Popen(["sleep", "120"])
+    sleeper = subprocess.Popen(["sleep", "120"], env={**os.environ, RUN_ENV: "mine"})
     try:
         (recorded,) = named([sleeper.pid])
         reused = [recorded[0], str(int(recorded[1]) + 1)]  # the pid, started at another time
-        assert stop([reused]) == 0
+        assert stop([reused], "mine") == 0
+        assert stop([recorded], "another run") == 0  # not started by that run
         assert sleeper.poll() is None
-        assert stop([recorded]) == 1
+        assert stop([recorded], "mine") == 1
         assert sleeper.wait(timeout=10) == -signal.SIGKILL
-        assert stop([recorded]) == 0  # gone: nothing to kill
+        assert stop([recorded], "mine") == 0  # gone: nothing to kill
     finally:
         sleeper.kill()
         sleeper.wait()
@@ -238,7 +242,34 @@ def test_the_next_driver_stops_what_a_killed_one_recorded_and_says_how_many(
             for r in caplog.records
         ), [r.getMessage() for r in caplog.records]
     finally:
-        stop(named([child]))
+        stop(named([child]), "dies")
+
+
+def test_a_forged_lease_never_makes_the_next_run_kill_a_process_it_names(url: str) -> None:
+    """Whoever can write the storage writes a lease whose holder looks dead on this machine
+    and whose Ray is an unrelated process (its pid and start time, as ``/proc`` tells anyone):
+    the next driver takes the study and kills nothing."""
+    import socket
+
+    bystander = subprocess.Popen(["sleep", "120"])  # this user's, not started by any run
+    try:
+        forged = {
+            "run": "forged",
+            "host": socket.gethostname(),
+            "boot": lease_module._boot_id(),
+            "pid": "4194303",  # no such process: the holder looks gone
+            "start": "1",
+            "renewed": time.time() - 60,
+            "ray": named([bystander.pid]),
+        }
+        storage = optuna.storages.RDBStorage(url)
+        storage.set_study_user_attr(storage.get_study_id_from_name("s"), "driver", forged)
+        StudyLease(url, "s", "next").acquire()
+        time.sleep(0.2)
+        assert bystander.poll() is None, "the forged lease made the driver kill a bystander"
+    finally:
+        bystander.kill()
+        bystander.wait()
 
 
 def _gone_soon(pid: int, within_s: float = 10.0) -> bool:
@@ -338,4 +369,36 @@ def test_the_next_run_stops_the_ray_agents_a_killed_driver_left(
         if driver.poll() is None:
             driver.kill()
             driver.wait()
-        stop(recorded)  # whatever this test's own driver left, should the run not have
+        for pid, start in recorded:  # whatever this test's own driver left, should the run not
+            if lease_module.proc(pid) == (pid, start):
+                os.kill(int(pid), signal.SIGKILL)
+
+
+def test_a_trial_asked_for_after_the_study_was_taken_never_runs_nor_counts(
+    tmp_path: Path,
+) -> None:
+    """The window between the bridge's check of the lease and its ``ask``: a driver paused
+    there wakes to a study another driver took; the trial it just made is failed as
+    interrupted (replaced, not counted) and no config is handed to Tune."""
+    from ray.tune.search import Searcher
+
+    from search.record.resume import INTERRUPTED, counts
+    from search.run.bridge import TAKEN, OptunaBridge
+    from search.spec.space import Param
+
+    study = optuna.create_study(storage=f"sqlite:///{tmp_path}/b.db", study_name="b")
+    answers = iter([True, False])  # holds before the ask, taken after it
+    bridge = OptunaBridge(
+        study,
+        {"x": Param.model_validate({"uniform": [0.0, 1.0]})},
+        {},
+        metric="acc",
+        mode="max",
+        max_epochs=2,
+        fence=lambda read: next(answers, False),
+    )
+    assert bridge.suggest("ray-1") is Searcher.FINISHED
+    (trial,) = study.get_trials()
+    assert trial.state.name == "FAIL" and trial.user_attrs["fail_reason"] == INTERRUPTED
+    assert not counts(trial) and bridge.cut_by == TAKEN
+    assert bridge.suggest("ray-2") is Searcher.FINISHED and len(study.get_trials()) == 1

@@ -3,10 +3,12 @@ does, and loses no budget."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -79,6 +81,38 @@ def test_sigterm_to_the_process_group_with_its_own_ray_ends_the_run_as_to_the_dr
     _assert_replaced_next_run(spec, data["storage"], {**own, "RAY_ADDRESS": session_ray_address})
 
 
+@pytest.mark.slow
+@pytest.mark.usefixtures("joins_session_ray")
+@pytest.mark.parametrize("presses", [1, 2])
+def test_ctrl_c_prints_its_line_and_the_summary_and_exits_130(tmp_path: Path, presses: int) -> None:
+    """Ctrl-C (SIGINT to the terminal's process group): one line at once, every trial settled,
+    the summary, exit 130. A second Ctrl-C stops at once, still with one line and 130."""
+    from search.run.signals import INTERRUPT_EXIT_STATUS, INTERRUPT_LINE
+
+    data = base_spec(
+        tmp_path, budget={"trials": 2, "max_epochs": 3}, fixed={"sleep": 1.0},
+        asha={"enabled": False},
+    )  # fmt: skip
+    spec = write_spec(tmp_path / "s.yaml", data)
+    driver = start_run(spec)
+    wait_for_a_running_trial(data["storage"], driver)
+    for _ in range(presses):
+        os.killpg(driver.pid, signal.SIGINT)
+        time.sleep(0.3)
+    out, _ = driver.communicate(timeout=120)
+
+    assert driver.returncode == INTERRUPT_EXIT_STATUS, out
+    assert "Traceback" not in out and "Aborted" not in out, out
+    if presses == 1:
+        assert out.count(INTERRUPT_LINE) == 1, out
+        assert out.count("trials this run") == 1, out  # the summary, once
+        trials = optuna.load_study(study_name="t", storage=data["storage"]).trials
+        assert trials and all(t.state.is_finished() for t in trials)
+    else:  # the second press lands in the cut or after it: at once, one line either way
+        lines = [line for line in out.splitlines() if "Ctrl-C" in line]
+        assert 1 <= len(lines) <= 2 and lines[0] == INTERRUPT_LINE, out
+
+
 def test_processes_started_in_own_process_group_leave_the_callers_and_others_stay() -> None:
     import threading
 
@@ -121,20 +155,87 @@ def test_a_trial_sigterm_cut_is_replaced_and_one_that_finished_or_was_pruned_kee
     assert record(2, pruned=True).fate()[0] == TrialState.PRUNED
 
 
-def test_sigterm_inside_watch_settles_once_then_interrupts_and_the_old_handler_returns(
-    request: pytest.FixtureRequest,
-) -> None:
+def test_signals_inside_watch_only_set_flags_act_cuts_once_and_the_old_handlers_return() -> None:
     from search.run.signals import Termination
 
-    calls: list[int] = []
-    termination = Termination(lambda: calls.append(1))
-    before = signal.getsignal(signal.SIGTERM)
-    # outside Tune: Python's own SIGINT handler (an in-process Tune run earlier in the session
-    # may have left its own, which stops Tune's loop instead of raising)
-    sigint = signal.signal(signal.SIGINT, signal.default_int_handler)
-    request.addfinalizer(lambda: signal.signal(signal.SIGINT, sigint))
-    with pytest.raises(KeyboardInterrupt), termination.watch():
+    calls: list[str] = []
+    termination = Termination(lambda: calls.append("term"), lambda: calls.append("int"))
+    before = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
+    with termination.watch():
+        os.kill(os.getpid(), signal.SIGTERM)  # the handler runs here, and only sets a flag
         os.kill(os.getpid(), signal.SIGTERM)
-        time.sleep(5)  # the handler runs here
-    assert termination.received and calls == [1]
-    assert signal.getsignal(signal.SIGTERM) is before
+        os.kill(os.getpid(), signal.SIGINT)
+        assert termination.received and termination.interrupted and calls == []
+        assert termination.act() == "SIGTERM" and calls == ["term", "int"]
+        assert termination.act() == "SIGTERM" and calls == ["term", "int"]  # once each
+        with pytest.raises(KeyboardInterrupt):  # a second Ctrl-C: at once
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(5)
+    assert (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)) == before
+
+
+ROUNDS = 12
+
+
+def test_sigterm_inside_a_storage_call_never_blocks_and_the_loop_makes_the_cut(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SIGTERM lands while the driver's main thread is inside a storage transaction (a hook
+    on every SQL statement of the study's engine sends it, at a different statement each
+    round): the handler returns at once, the transaction goes on, and the run's loop then
+    settles every running trial as cut by SIGTERM. A handler that wrote to the study there
+    waited for the interrupted transaction's lock, or broke it, and lost the cut."""
+    import sqlalchemy as sa
+
+    from search.record.fate import TERMINATED
+    from search.record.storage import open_storage, rdb_backend
+    from search.record.writeback import WriteBehindStorage
+    from search.run.bridge import OptunaBridge
+    from search.run.signals import Termination
+    from search.spec.space import Param
+
+    monkeypatch.setattr("search.record.storage.SQLITE_TIMEOUT_S", 2)  # a lock waits 2 s
+    storage = open_storage(f"sqlite:///{tmp_path}/s.db")
+    study = optuna.create_study(storage=storage, study_name="s", direction="maximize")
+    statements: list[int] = []  # counts down to the statement the signal lands in
+
+    def hook(*_: object) -> None:
+        main = threading.current_thread() is threading.main_thread()
+        if main and statements and statements[0] > 0:
+            statements[0] -= 1
+            if statements[0] == 0:
+                os.kill(os.getpid(), signal.SIGTERM)  # handled right here, mid-transaction
+
+    sa.event.listen(rdb_backend(storage).engine, "after_cursor_execute", hook)
+    space = {"x": Param.model_validate({"uniform": [0.0, 1.0]})}
+    raised: list[int] = []  # rounds whose handler raised out of the storage call
+    lost: list[tuple[int, list[tuple[str, bool]]]] = []  # rounds whose cut was not recorded
+    for landing in range(1, ROUNDS + 1):
+        before = len(study.get_trials())
+        driver = optuna.Study(study_name="s", storage=WriteBehindStorage(storage))
+        bridge = OptunaBridge(driver, space, {}, metric="acc", mode="max", max_epochs=3)
+        termination = Termination()
+        termination.on_signal = lambda bridge=bridge: bridge.cut(TERMINATED)
+        try:
+            with termination.watch():
+                statements[:] = [landing]
+                for trial_id in ("a", "b"):  # asks: creating a trial is a transaction
+                    bridge.suggest(f"{landing}{trial_id}")
+                    bridge.on_trial_result(f"{landing}{trial_id}", {"acc": 0.5})
+                driver.get_trials()
+                while not termination.received:  # past the last statement: at the next
+                    statements[:] = [1]
+                    driver.get_trials()
+                assert termination.act() == "SIGTERM"  # the loop's step: the cut, here
+        except KeyboardInterrupt:  # a handler that raised: the storage call it left was cut
+            raised.append(landing)
+        finally:
+            with contextlib.suppress(RuntimeError):  # writes that failed, in `errors`
+                driver._storage.close()
+        states = [
+            (t.state.name, t.user_attrs.get("fail_reason") == INTERRUPTED)
+            for t in study.get_trials()[before:]
+        ]
+        if states != [("FAIL", True), ("FAIL", True)]:
+            lost.append((landing, states))
+    assert raised == [] and lost == [], (raised, lost)

@@ -57,7 +57,8 @@ from search.handover.confirm import (
     run_confirmation,
 )
 from search.handover.pick import parse_constraints, pick_trial
-from search.handover.train import ExportError, Log, check_returns_model, no_hook
+from search.handover.train import ExportError, Log, check_returns_model, no_hook, will_import
+from search.record.folders import study_folder
 from search.record.study import load_study
 from search.report.artifacts import attach_file
 from search.run.cluster import init_ray
@@ -167,8 +168,9 @@ def export_study(
     start = time.monotonic()
     study = load_study(study_name, storage)
     spec = stored_spec(study, storage)
+    out = Path(out_dir) if out_dir else study_folder(results_dir, study.study_name) / "export"
+    log(will_import(spec, f"the spec stored in study {study_name!r}"))
     cands = _choose(study, spec, top_k, pick, log)
-    out = Path(out_dir) if out_dir else results_dir / study_name / "export"
     session = open_session(study, spec, results_dir, seeds, address, log, start, cands[0])
     out.mkdir(parents=True, exist_ok=True)
     runs, rows = confirm_candidates(session, cands)

@@ -33,7 +33,8 @@ from search.handover.candidates import candidates, stored_spec
 from search.handover.confirm import ConfirmRun, Row
 from search.handover.export import confirm_candidates, open_session
 from search.handover.pareto_index import ParetoPoint, write_index
-from search.handover.train import ExportError, Log
+from search.handover.train import ExportError, Log, will_import
+from search.record.folders import study_folder
 from search.record.study import load_study
 from search.report.artifacts import attach_file
 
@@ -77,13 +78,16 @@ def export_pareto(
     start = time.monotonic()
     study = load_study(study_name, storage)
     spec = stored_spec(study, storage)
+    log(will_import(spec, f"the spec stored in study {study_name!r}"))
     if not spec.multi_objective:
         raise ExportError(
             f"--pareto: study {study_name!r} has one objective ({spec.primary.metric}), so no "
             "Pareto front; export it without --pareto (or choose by constraints with --pick)"
         )
     cands = candidates(study, top_k=sys.maxsize)  # the whole front
-    out = Path(out_dir) if out_dir else results_dir / study_name / "export" / PARETO_DIR
+    out = (
+        Path(out_dir) if out_dir else study_folder(results_dir, study_name) / "export" / PARETO_DIR
+    )
     session = open_session(study, spec, results_dir, seeds, address, log, start, cands[0])
     log(f"Pareto front of {study_name!r}: {len(cands)} point(s)")
     out.mkdir(parents=True, exist_ok=True)

@@ -87,6 +87,25 @@ def train_once(
     return history, reason or (None if history else "the trainable yielded no epoch"), limits
 
 
+def will_import(spec: StudySpec, source: str) -> str:
+    """The line ``export`` and ``train`` print before they import and run the code ``spec``
+    names: its trainable and its data loader, and where they were named (``source``). A spec
+    stored in a study is whatever the study's storage holds: whoever can write it chooses
+    the code these commands run.
+
+    Example:
+        >>> from search.spec.schema import parse_spec
+        >>> spec = parse_spec({"study": "s", "trainable": "search.testing:curve",
+        ...     "objective": {"metric": "acc", "mode": "max"}, "budget": {"trials": 1,
+        ...     "max_epochs": 1}, "data": {"loader": "pkg.data:load"}}, "doc")
+        >>> print(will_import(spec, "the spec stored in study 's'"))
+        importing trainable search.testing:curve and data loader pkg.data:load, as the spec stored in study 's' names them
+    """  # noqa: E501
+    data = f"the built-in data {spec.data.name!r}" if spec.data.name != "none" else "no data"
+    data = f"data loader {spec.data.loader}" if spec.data.loader else data
+    return f"importing trainable {spec.trainable} and {data}, as {source} names them"
+
+
 def train_spec(
     spec: StudySpec,
     out_dir: Path | None = None,

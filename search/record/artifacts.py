@@ -23,6 +23,8 @@ from collections import defaultdict
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
+from search.record.folders import safe_name, study_folder
+
 if TYPE_CHECKING:
     import optuna
 
@@ -37,7 +39,7 @@ TAIL_BYTES = 1 << 20
 
 def store_path(results_dir: Path, study_name: str) -> Path:
     """The artifact folder of ``study_name``: ``results_dir/<study>/artifacts``."""
-    return Path(results_dir) / study_name / ARTIFACTS_DIR
+    return study_folder(results_dir, study_name) / ARTIFACTS_DIR
 
 
 def made(folder: Path) -> Path:
@@ -66,7 +68,9 @@ def attached(study: optuna.Study) -> dict[int | None, dict[str, str]]:
 def _add(names: dict[str, str], raw: Any) -> None:
     meta = json.loads(raw) if isinstance(raw, str) else None
     if isinstance(meta, dict):  # the dashboard marks a deleted artifact with null
-        names[str(meta["filename"])] = str(meta["artifact_id"])
+        artifact_id = str(meta.get("artifact_id"))
+        if safe_name(artifact_id):  # it becomes a file name in the store: never a path
+            names[str(meta.get("filename"))] = artifact_id
 
 
 def upload(

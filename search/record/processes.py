@@ -1,4 +1,5 @@
-"""A run's processes on its machine, told apart from later ones that reuse their pids.
+"""A run's processes on its machine, told apart from later ones that reuse their pids, and
+from any process a lease merely names.
 
 A process is named by its pid and its start time (clock ticks since boot, as ``/proc/PID/stat``
 says): a pid handed out again later starts at another time, and a reboot changes the boot id
@@ -6,6 +7,15 @@ the lease records beside them. The lease (:mod:`search.record.lease`) names its 
 the processes of the local Ray that driver started: Ray's dashboard and runtime-env agents
 outlive a driver killed with ``kill -9`` (its raylet dies, they do not, and they ignore
 SIGTERM), so the next run on that machine stops them (:func:`stop`), and only them.
+
+A lease is data that whoever can write the storage can forge, and ``/proc`` tells anyone any
+process's start time. So a process is stopped only when it also proves it is the run's own:
+its environment, set when it started, holds :data:`RUN_ENV` with the run's id (the driver sets
+it before it starts Ray: :func:`mark`; Ray's processes inherit it). A process the run did not
+start never has it, and a process of another user cannot be read (nor killed) at all. Ray's
+Python agents rename themselves (``ray::DashboardAgent``), which overwrites the environment
+``/proc`` shows; such a process passes only as what it is: a Ray process whose Ray is gone (its
+parent is no Ray process any more: :func:`ray_orphan`), never one a live Ray owns.
 """
 
 from __future__ import annotations
@@ -15,6 +25,31 @@ import os
 import signal
 from collections.abc import Iterable, Sequence
 from pathlib import Path
+
+RUN_ENV = "SEARCH_RUN_ID"
+"""The environment variable that names the run whose driver started a process."""
+
+
+def mark(run_id: str) -> None:
+    """Names ``run_id`` in this process's environment, for the processes it starts from now
+    on (its local Ray): the proof :func:`stop` asks for."""
+    os.environ[RUN_ENV] = run_id
+
+
+def started_by(pid: int | str, run_id: str) -> bool:
+    """Whether process ``pid`` was started with ``run_id`` as :data:`RUN_ENV` (its
+    environment as it started, from ``/proc``); ``False`` when it cannot be read.
+
+    Example:
+        >>> started_by(os.getpid(), "no-such-run")
+        False
+    """
+    if not run_id:
+        return False
+    with contextlib.suppress(OSError):
+        entries = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        return f"{RUN_ENV}={run_id}".encode() in entries
+    return False
 
 
 def proc(pid: int | str) -> tuple[str, str]:
@@ -60,12 +95,40 @@ def named(pids: Iterable[int]) -> list[list[str]]:
     return [list(identity) for identity in map(proc, pids) if identity[0]]
 
 
-def stop(recorded: Iterable[Sequence[str]]) -> int:
-    """SIGKILLs each recorded ``[pid, start time]`` that is still that process (a pid now held
-    by another process, with another start time, is left alone); returns how many it killed."""
+def _cmdline(pid: int | str) -> str:
+    with contextlib.suppress(OSError):
+        return (
+            Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        )
+    return ""
+
+
+def ray_orphan(pid: int | str) -> bool:
+    """Whether ``pid`` is a Ray process (titled ``ray::...``) that no Ray owns any more: its
+    parent is neither a raylet nor another Ray process (its raylet died; it was reparented).
+
+    Example:
+        >>> ray_orphan(os.getpid())
+        False
+    """
+    if not _cmdline(pid).startswith("ray::"):
+        return False
+    with contextlib.suppress(OSError, IndexError):
+        parent = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1]
+        owner = _cmdline(parent)
+        return "raylet" not in owner and "gcs_server" not in owner and "ray::" not in owner
+    return False
+
+
+def stop(recorded: Iterable[Sequence[str]], run_id: str) -> int:
+    """SIGKILLs each recorded ``[pid, start time]`` that is still that process and was started
+    by run ``run_id`` (:func:`started_by`), or is a Ray process no Ray owns (:func:`ray_orphan`);
+    a pid now held by another process, with another start time, or any other process, is left
+    alone. Returns how many it killed."""
     killed = 0
     for pid, start in (tuple(map(str, r)) for r in recorded if len(r) == 2):
-        if start and proc(pid) == (pid, start):
+        proven = started_by(pid, run_id) or ray_orphan(pid)
+        if start and proc(pid) == (pid, start) and proven:
             with contextlib.suppress(ProcessLookupError, PermissionError, ValueError):
                 os.kill(int(pid), signal.SIGKILL)
                 killed += 1

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
+from search.record.folders import study_folder
 from search.record.storage import redact
 from search.spec.derive import one_trial_spec
 
@@ -154,7 +155,7 @@ def objective_curves(
 
 def write_results(study: optuna.Study, spec: StudySpec, results_dir: Path) -> Path:
     """Writes ``trials.csv`` (and ``best.yaml`` when a trial completed); returns the folder."""
-    out = results_dir / spec.study
+    out = study_folder(results_dir, spec.study)
     out.mkdir(parents=True, exist_ok=True)
     trials_frame(study).to_csv(out / "trials.csv", index=False)
     best = best_trial(study)

@@ -97,12 +97,26 @@ def recover(study: optuna.Study) -> Recovery:
     for trial in study.get_trials(deepcopy=False, states=(TrialState.RUNNING, TrialState.WAITING)):
         if _apply_fate(storage, trial):
             completed.append(trial.number)
-            continue
-        storage.set_trial_user_attr(trial._trial_id, "fail_reason", INTERRUPTED)
-        storage.set_trial_state_values(trial._trial_id, TrialState.FAIL)
-        interrupted.append(trial.number)
+        elif settle_open(storage, trial._trial_id):
+            interrupted.append(trial.number)
     counted = sum(counts(t) for t in study.get_trials(deepcopy=False))
     return Recovery(tuple(interrupted), counted, tuple(completed))
+
+
+def settle_open(storage: optuna.storages.BaseStorage, trial_id: int) -> bool:
+    """Fails the trial as :data:`INTERRUPTED` (replaced, not counted) if it is still open;
+    ``False`` when it was finished already: by a driver that took its study over meanwhile,
+    which may settle it at the same moment (that write wins, this one gives way)."""
+    from optuna.exceptions import UpdateFinishedTrialError
+
+    try:
+        if storage.get_trial(trial_id).state.is_finished():
+            return False
+        storage.set_trial_user_attr(trial_id, "fail_reason", INTERRUPTED)
+        storage.set_trial_state_values(trial_id, TrialState.FAIL)
+    except UpdateFinishedTrialError:
+        return False
+    return True
 
 
 def earlier_curves(study: optuna.Study) -> list[dict[int, float]]:

@@ -19,6 +19,7 @@ import optuna
 
 from search.errors import DiskFullError, disk_full, one_line
 from search.record.bulk import BulkReadRDBStorage
+from search.record.outage import postgres_timeouts
 from search.record.sqlite_file import create_whole, repair_indexes
 
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
@@ -133,6 +134,8 @@ def open_storage(url: str) -> optuna.storages.BaseStorage:
     SQLite files get their folder, WAL, a busy timeout and a schema a kill cannot leave half
     made (:mod:`search.record.sqlite_file`)."""
     real = with_driver(expand(url))
+    if real.startswith("postgresql+psycopg://"):  # a server that stops answering: a timeout
+        return BulkReadRDBStorage(real, postgres_timeouts(), heartbeat_interval=None)
     if not real.startswith("sqlite:///"):
         return BulkReadRDBStorage(real, heartbeat_interval=None)
     path = Path(real.removeprefix("sqlite:///"))

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import optuna
 
 from search.errors import SearchError
+from search.record.folders import study_folder
 from search.record.lease import StudyLease
 from search.record.samplers import SAMPLER, build_sampler, describe
 from search.record.storage import open_storage, redact, redacted_spec
@@ -33,7 +34,7 @@ def confirm_storage(results_dir: Path, study_name: str) -> str:
         >>> confirm_storage(Path("/r"), "cnn")
         'sqlite:////r/cnn/confirm.db'
     """
-    return f"sqlite:///{(Path(results_dir) / study_name / CONFIRM_FILE).resolve()}"
+    return f"sqlite:///{(study_folder(results_dir, study_name) / CONFIRM_FILE).resolve()}"
 
 
 class StudyNotFoundError(SearchError):

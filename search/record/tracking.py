@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from search.record.folders import study_folder
 from search.record.mlflow_runs import StudyRuns, TrialRun, study_key
 from search.record.queries import EPOCHS_FILE as EPOCHS
 from search.record.queries import read_epochs
@@ -247,7 +248,7 @@ def track(spec: StudySpec, study: optuna.Study, results_dir: Path) -> Tracker | 
     }
     runs = StudyRuns(uri, spec.study, study_key(study), tags, params)
     before = [t for t in study.get_trials(deepcopy=False) if t.state.is_finished()]
-    table = results_dir / spec.study / EPOCHS
+    table = study_folder(results_dir, spec.study) / EPOCHS
 
     def backlog(logged: Callable[[int], bool]) -> list[TrialRun]:
         missing = [t for t in before if not logged(t.number)]

@@ -42,6 +42,7 @@ from optuna.study._frozen import FrozenStudy
 from optuna.trial import FrozenTrial, TrialState
 
 from search.record.batch import relax_sqlite_sync
+from search.record.outage import Outage
 from search.record.writer import Op, OrderedWriter
 
 VIEW_EVERY_S = 2.0
@@ -69,7 +70,9 @@ class WriteBehindStorage(BaseStorage):
 
     def __init__(self, inner: BaseStorage) -> None:
         self.inner = inner
-        self._writer = OrderedWriter(inner)
+        self.outage = Outage()
+        """Tries a call again while the database does not answer (:mod:`search.record.outage`)."""
+        self._writer = OrderedWriter(inner, self.outage)
         self._lock = threading.Lock()
         self._closed = False
         self._own: dict[int, FrozenTrial | None] = {}  # trials created here, until finished
@@ -175,9 +178,13 @@ class WriteBehindStorage(BaseStorage):
             ) from error
         with self._lock:
             local = self._own.pop(trial_id, None)
-        won = self.inner.set_trial_state_values(trial_id, state, values)
+        won = self.outage.call(self.inner.set_trial_state_values, trial_id, state, values)
         if trial_id in self._mine and state.is_finished():
-            told = copy.deepcopy(local) if local is not None else self.inner.get_trial(trial_id)
+            told = (
+                copy.deepcopy(local)
+                if local is not None
+                else self.outage.call(self.inner.get_trial, trial_id)
+            )
             told.state, told.datetime_complete = state, datetime.now()
             told.values = list(values) if values is not None else None
             with self._lock:
@@ -189,38 +196,38 @@ class WriteBehindStorage(BaseStorage):
     def create_new_study(
         self, directions: Sequence[StudyDirection], study_name: str | None = None
     ) -> int:
-        return self.inner.create_new_study(directions, study_name)
+        return self.outage.call(self.inner.create_new_study, directions, study_name)
 
     def delete_study(self, study_id: int) -> None:
         self.flush()
-        self.inner.delete_study(study_id)
+        self.outage.call(self.inner.delete_study, study_id)
 
     def set_study_user_attr(self, study_id: int, key: str, value: Any) -> None:
-        self.inner.set_study_user_attr(study_id, key, value)
+        self.outage.call(self.inner.set_study_user_attr, study_id, key, value)
 
     def set_study_system_attr(self, study_id: int, key: str, value: Any) -> None:
-        self.inner.set_study_system_attr(study_id, key, value)
+        self.outage.call(self.inner.set_study_system_attr, study_id, key, value)
 
     def get_study_id_from_name(self, study_name: str) -> int:
-        return self.inner.get_study_id_from_name(study_name)
+        return self.outage.call(self.inner.get_study_id_from_name, study_name)
 
     def get_study_name_from_id(self, study_id: int) -> str:
-        return self.inner.get_study_name_from_id(study_id)
+        return self.outage.call(self.inner.get_study_name_from_id, study_id)
 
     def get_study_directions(self, study_id: int) -> list[StudyDirection]:
-        return self.inner.get_study_directions(study_id)
+        return self.outage.call(self.inner.get_study_directions, study_id)
 
     def get_study_user_attrs(self, study_id: int) -> dict[str, Any]:
-        return self.inner.get_study_user_attrs(study_id)
+        return self.outage.call(self.inner.get_study_user_attrs, study_id)
 
     def get_study_system_attrs(self, study_id: int) -> dict[str, Any]:
-        return self.inner.get_study_system_attrs(study_id)
+        return self.outage.call(self.inner.get_study_system_attrs, study_id)
 
     def get_all_studies(self) -> list[FrozenStudy]:
-        return self.inner.get_all_studies()
+        return self.outage.call(self.inner.get_all_studies)
 
     def create_new_trial(self, study_id: int, template_trial: FrozenTrial | None = None) -> int:
-        trial_id = self.inner.create_new_trial(study_id, template_trial)
+        trial_id = self.outage.call(self.inner.create_new_trial, study_id, template_trial)
         born = self._born(trial_id, template_trial)
         with self._lock:
             self._own[trial_id] = born  # None: fetched once, on first read
@@ -239,7 +246,9 @@ class WriteBehindStorage(BaseStorage):
         return born
 
     def get_trial_id_from_study_id_trial_number(self, study_id: int, trial_number: int) -> int:
-        return self.inner.get_trial_id_from_study_id_trial_number(study_id, trial_number)
+        return self.outage.call(
+            self.inner.get_trial_id_from_study_id_trial_number, study_id, trial_number
+        )
 
     def get_trial(self, trial_id: int) -> FrozenTrial:
         trial, local = self._read(trial_id)
@@ -256,7 +265,7 @@ class WriteBehindStorage(BaseStorage):
         if told is not None and trial_id not in pending:  # as told here: ``tell`` reads it
             return told, True
         if local is None:
-            local = self.inner.get_trial(trial_id)
+            local = self.outage.call(self.inner.get_trial, trial_id)
             if not own or local.state.is_finished() or trial_id in pending:
                 return self._overlay(local, pending), False
             with self._lock:
@@ -296,7 +305,7 @@ class WriteBehindStorage(BaseStorage):
         trial's place in it."""
         now = time.monotonic()
         if self._view is None or self._view[0] != study_id or now - self._view[1] > VIEW_EVERY_S:
-            base = self.inner.get_all_trials(study_id, deepcopy=False)
+            base = self.outage.call(self.inner.get_all_trials, study_id, False)
             stored = {t._trial_id for t in base if t.state.is_finished()}
             with self._lock:
                 for trial_id in stored & set(self._told):
@@ -325,4 +334,4 @@ class WriteBehindStorage(BaseStorage):
         self.inner.remove_session()
 
     def check_trial_is_updatable(self, trial_id: int, trial_state: TrialState) -> None:
-        self.inner.check_trial_is_updatable(trial_id, trial_state)
+        self.outage.call(self.inner.check_trial_is_updatable, trial_id, trial_state)

@@ -20,6 +20,7 @@ from optuna.storages import BaseStorage
 
 from search.errors import causes, disk_full
 from search.record.batch import Known, write_together
+from search.record.outage import Outage
 
 _log = logging.getLogger(__name__)
 
@@ -50,8 +51,9 @@ class OrderedWriter:
         {'device': 'cpu'}
     """
 
-    def __init__(self, storage: BaseStorage) -> None:
+    def __init__(self, storage: BaseStorage, outage: Outage | None = None) -> None:
         self._storage = storage
+        self._outage = outage or Outage()  # a database that stops answering: tried again
         self._queue: queue.Queue[Any] = queue.Queue()
         self._lock = threading.Lock()
         self._pending: dict[int, list[Op]] = {}
@@ -121,14 +123,15 @@ class OrderedWriter:
     def _commit(self, items: list[tuple[int, int, str, tuple[Any, ...]]]) -> None:
         """Commits ``items`` together, or one by one when the storage cannot or the batch
         failed, to find the writes that fail."""
+        writes = [item[1:] for item in items]
         try:
-            together = write_together(self._storage, [item[1:] for item in items], self._known)
+            together = self._outage.call(write_together, self._storage, writes, self._known)
         except Exception:  # one of them fails: one by one tells which
             together = False
         for seq, trial_id, method, args in items:
             if not together:
                 try:
-                    getattr(self._storage, method)(trial_id, *args)
+                    self._outage.call(getattr(self._storage, method), trial_id, *args)
                 except BaseException as exc:  # kept, raised by close(); the loop goes on
                     self._warn(method, trial_id, exc)
                     with self._lock:

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO
 import yaml
 
 from search.record.artifacts import ARTIFACTS_DIR, store_path
+from search.record.folders import safe_name, study_folder
 from search.record.lease import LEASE_ATTR, held
 from search.record.storage import open_storage
 from search.report.artifacts import publish_artifacts
@@ -166,8 +167,8 @@ def publish_all(storage_url: str, results_dir: Path) -> dict[str, int]:
     storage = open_storage(storage_url)
     done = {}
     for name in optuna.study.get_all_study_names(storage):
-        if not (Path(results_dir) / name).is_dir():
-            continue
+        if not safe_name(name) or not study_folder(results_dir, name).is_dir():
+            continue  # a name that would leave results_dir: never a folder of ours
         study = optuna.load_study(study_name=name, storage=storage)
         if not held(study.user_attrs.get(LEASE_ATTR)):
             done[name] = publish_study(study, results_dir)

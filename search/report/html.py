@@ -20,6 +20,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from search.record.folders import study_folder
 from search.record.queries import EPOCHS_FILE, best_trial, objective_names, pareto_trials
 from search.record.study import CONFIRM_FILE, CONFIRM_SUFFIX, confirm_storage
 from search.report.figures import (
@@ -311,7 +312,7 @@ def write_report(
 ) -> Path:
     """Writes ``results_dir/<study>/report.html`` and (with ``pngs``) ``figures/*.png``;
     returns the HTML path."""
-    folder = Path(results_dir) / study.study_name
+    folder = study_folder(results_dir, study.study_name)
     folder.mkdir(parents=True, exist_ok=True)
     with uncopied(study):
         drawn = start_pngs(study, folder / "figures") if pngs else None
@@ -355,7 +356,7 @@ def confirmation(study: optuna.Study, results_dir: Path) -> optuna.Study | None:
     import optuna
 
     name = study.study_name + CONFIRM_SUFFIX
-    apart = Path(results_dir) / study.study_name / CONFIRM_FILE
+    apart = study_folder(results_dir, study.study_name) / CONFIRM_FILE
     places: list[Any] = [confirm_storage(results_dir, study.study_name)] if apart.exists() else []
     for storage in [*places, study._storage]:
         if name in optuna.get_all_study_names(storage):

@@ -16,7 +16,8 @@ from typing import IO, TYPE_CHECKING
 from optuna.trial import TrialState
 
 from search.compute.distributed import rank_log, rank_logs
-from search.errors import SearchError
+from search.errors import SearchError, one_line
+from search.run.output import LOG_FILE
 
 if TYPE_CHECKING:
     import optuna
@@ -52,6 +53,12 @@ def log_path(study: optuna.Study, number: int, rank: int = 0) -> Path:
         raise SearchError(
             f"trial {number} of study {study.study_name!r}: user_attrs.log is not set (the "
             "trial never started, or ran before trials recorded their output)"
+        )
+    if Path(path).name != LOG_FILE:  # the storage names it: a trial's output, or nothing
+        raise SearchError(
+            f"trial {number} of study {study.study_name!r}: user_attrs.log names "
+            f"{one_line(repr(path))}, not a trial's {LOG_FILE}; it is not printed (whoever can "
+            "write the storage sets the attribute)"
         )
     wanted = rank_log(path, rank)
     if rank and not wanted.is_file():

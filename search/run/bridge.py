@@ -13,6 +13,7 @@ The study itself is the searcher's persistent state, so nothing else is pickled.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -25,12 +26,16 @@ from ray.tune import Callback
 from ray.tune.search import Searcher
 
 from search.record.fate import NODE_LOST, NUMBER, SEED, TrialRecord, error_summary
-from search.record.resume import FATE, fate_record
+from search.record.resume import FATE, fate_record, settle_open
 from search.record.warm import START_FROM
+from search.record.writeback import WriteBehindStorage
 from search.run.death import Deaths, node_lost
 from search.run.faults import DiskFault
 from search.run.output import LOG_FILE
 from search.spec.space import sample
+
+TAKEN = "taken over"
+"""What cut a run whose study another driver took over (:mod:`search.record.lease`)."""
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -93,6 +98,11 @@ class OptunaBridge(Searcher):
         listeners: Called with each trial's :class:`Outcome` once the study holds it.
         start: ``(index, config)`` of the ``sampler.start_from`` configs still to run: the
             next trials take them, in order (:mod:`search.record.warm`).
+        fence: Whether this run still holds the study's lease, read afresh (``True``) or as
+            last known (``False``): :meth:`search.record.lease.StudyLease.holds`. Checked
+            before and after every ``ask``, before every ``tell`` and, as last known, on every
+            result: once another driver took the study, this bridge asks for no trial and
+            writes none of its trials (:data:`TAKEN`).
 
     Example:
         >>> bridge = OptunaBridge(study, spec.space, {}, metric="val_accuracy",
@@ -113,6 +123,7 @@ class OptunaBridge(Searcher):
         run_id: str = "",
         listeners: Sequence[Callable[[Outcome], None]] = (),
         start: Sequence[tuple[int, Mapping[str, Any]]] = (),
+        fence: Callable[[bool], bool] | None = None,
     ) -> None:
         super().__init__(metric=metric, mode=mode)
         self._study = study
@@ -125,6 +136,7 @@ class OptunaBridge(Searcher):
         self._live: dict[str, tuple[optuna.Trial, TrialRecord]] = {}
         self._listeners = list(listeners)
         self._start = list(start)
+        self._fence = fence
         self.finished: dict[str, tuple[int, str]] = {}
         """Ray trial id -> (Optuna trial number, final state name), for callers and tests."""
         self.outcomes: dict[str, Outcome] = {}
@@ -138,9 +150,12 @@ class OptunaBridge(Searcher):
         return self._study
 
     def suggest(self, trial_id: str) -> dict[str, Any] | None:
-        if self.cut_by is not None:
+        if self.cut_by is not None or not self.holds():
             return Searcher.FINISHED  # type: ignore[return-value]
         trial = self._ask()
+        if not self.holds():  # taken between the check and the ask: the trial never runs
+            self._let_go(trial)
+            return Searcher.FINISHED  # type: ignore[return-value]
         params = sample(trial, self._space)
         trial.set_user_attr("ray_trial_id", trial_id)
         record = TrialRecord(self.metric or "", self._max_epochs, self._objectives)
@@ -233,7 +248,8 @@ class OptunaBridge(Searcher):
             self._finish(trial_id)
 
     def cut(self, cause: str, trial_id: str | None = None) -> None:
-        """The world cut the run (``cause``, one of :data:`search.record.fate.WORLD`): every
+        """The world or Ctrl-C cut the run (``cause``, one of :data:`search.record.fate.WORLD`,
+        or :data:`search.record.fate.INTERRUPT`): every
         trial still open is settled at once as cut by it, ``trial_id``'s too when its own
         error was the world's (a full disk), and no new trial starts."""
         self.cut_by = cause
@@ -241,7 +257,30 @@ class OptunaBridge(Searcher):
             self.mark_interrupted(trial_id, cause)
         self.finalize(cause, cut=True)
 
+    def holds(self, read: bool = True) -> bool:
+        """Whether this run still holds the study (always, without a ``fence``); once it does
+        not, the run is cut (:data:`TAKEN`)."""
+        if self._fence is None:
+            return True
+        if self.cut_by != TAKEN and self._fence(read):
+            return True
+        self.cut_by = TAKEN
+        return False
+
+    def _let_go(self, trial: optuna.Trial) -> None:
+        """A trial of a study another driver took: failed as interrupted if still open (that
+        driver settled every trial open when it took the study; not one this run asked for
+        after), never told its fate here."""
+        storage = self._study._storage
+        if isinstance(storage, WriteBehindStorage):
+            with contextlib.suppress(Exception):  # writes to trials already settled fail
+                storage.flush()
+            storage = storage.inner
+        settle_open(storage, trial._trial_id)
+
     def _add(self, trial_id: str, result: Mapping[str, Any]) -> None:
+        if not self.holds(read=False):
+            return
         trial, record = self._live[trial_id]
         new = record.add(result)
         if new is not None and not self._objectives:
@@ -250,6 +289,18 @@ class OptunaBridge(Searcher):
 
     def _finish(self, trial_id: str) -> None:
         trial, record = self._live.pop(trial_id)
+        if not self.holds():
+            self._let_go(trial)
+            return
+        try:
+            self._tell(trial_id, trial, record)
+        except Exception:
+            if self.holds():
+                raise
+            self._let_go(trial)  # taken while it was told
+
+    def _tell(self, trial_id: str, trial: optuna.Trial, record: TrialRecord) -> None:
+        """Writes the trial's fate, then tells the study, then the listeners."""
         state, value, reason = record.fate()
         attrs = {**record.user_attrs(), **({"fail_reason": reason} if reason else {})}
         stored = _told_values(record, state, value)
@@ -285,7 +336,7 @@ class OptunaBridge(Searcher):
     # folder (tuner.pkl, searcher checkpoints); the study, and with it a storage URL that may
     # hold a password, must not go there, nor the listeners (the tracker holds its URI).
     def __getstate__(self) -> dict[str, Any]:
-        return {**self.__dict__, "_study": None, "_live": {}, "_listeners": []}
+        return {**self.__dict__, "_study": None, "_live": {}, "_listeners": [], "_fence": None}
 
     def save(self, checkpoint_path: str) -> None:
         pass

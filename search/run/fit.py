@@ -27,13 +27,15 @@ from search.compute.gpu_memory import measure
 from search.compute.job import trial_job
 from search.compute.placement import Placement, resolve
 from search.contract import RESERVED_PREFIX, declarations
-from search.record.fate import DISK_FULL, NUMBER, TERMINATED
+from search.record.fate import DISK_FULL, INTERRUPT, NUMBER, TERMINATED
+from search.record.folders import study_folder
+from search.record.outage import StorageOutageError
 from search.record.queries import EPOCHS_FILE, append_epochs, objective_curves, read_epochs
 from search.record.resume import earlier_curves
 from search.record.samplers import configure
 from search.record.warm import pending_start
 from search.record.writeback import WriteBehindStorage
-from search.run.bridge import ErrorCallback, OptunaBridge, Outcome
+from search.run.bridge import TAKEN, ErrorCallback, OptunaBridge, Outcome
 from search.run.budget import BUDGET_CAUSE, DeviceBudget, budget_for, spent_before
 from search.run.cluster import init_ray, untagged_callbacks
 from search.run.faults import DiskFault
@@ -69,12 +71,15 @@ def fit(
     data: SharedData,
     termination: Termination | None = None,
     listeners: Sequence[Callable[[Outcome], None]] = (),
+    fence: Callable[[bool], bool] | None = None,
 ) -> tuple[dict[int, str], str | None, tuple[float, float, str] | None]:
     """Runs ``budget`` trials through Ray Tune; returns each one's number and final state, why
     the run stopped early (``None`` when it did not), and the device-hours spent against the
     spec's device budget (``None`` without one). ``termination`` records whether SIGTERM
     stopped the run (:mod:`search.run.signals`); ``listeners`` are told each trial's
-    :class:`~search.run.bridge.Outcome` once the study holds it."""
+    :class:`~search.run.bridge.Outcome` once the study holds it; ``fence`` says whether
+    this run still holds the study's lease (:class:`~search.run.bridge.OptunaBridge`): once
+    another driver took the study, the run stops at once and writes none of its trials."""
     import optuna
 
     init_ray(options.address)
@@ -91,7 +96,7 @@ def fit(
     watch = FailFast(min(FIRST, budget))
     unread = UnreadKeys(spec.space, spec.trainable, options.source)
     fault = DiskFault()
-    table = options.results_dir / spec.study / EPOCHS_FILE
+    table = study_folder(options.results_dir, spec.study) / EPOCHS_FILE
 
     def attach(done: Outcome) -> None:
         # the bridge's study, read when a trial ends: Ray pickles the bridge and its
@@ -116,39 +121,54 @@ def fit(
             *listeners,
         ],
         start=pending_start(study, spec),
+        fence=fence,
     )
     fault.on_fault = lambda trial_id: bridge.cut(DISK_FULL, trial_id)
 
     def verdict() -> str | None:
         return watch.verdict or unread.verdict
 
-    stopper = RunStopper(
-        spec.budget.time_limit_s, bridge.mark_interrupted, lambda: verdict() or fault.verdict
-    )
-    meter = _device_budget(spec, placement, bridge)
     termination = termination or Termination()
     termination.on_signal = lambda: bridge.cut(TERMINATED)
+    termination.on_interrupt = lambda: bridge.cut(INTERRUPT)
+
+    def abort() -> str | None:  # Tune's loop asks on every step (RunStopper.stop_all)
+        signalled = termination.act()  # the cut a signal asked for, here, not in its handler
+        taken = None if bridge.holds(read=False) else TAKEN
+        return verdict() or fault.verdict or taken or signalled
+
+    stopper = RunStopper(spec.budget.time_limit_s, bridge.mark_interrupted, abort)
+    meter = _device_budget(spec, placement, bridge)
     tuner = _tuner(
         spec, options, bridge, placement, data, CombinedStopper(stopper, meter), budget, fault
     )
     try:
-        # SIGTERM: as Ctrl-C; a full disk: the run stops. Their cut trials replaced next run.
+        # SIGTERM, Ctrl-C (search/run/signals.py), a full disk: the run stops. The trials
+        # SIGTERM or a full disk cut are replaced next run.
         with termination.watch(), fault.watching_ray_logs(), untagged_callbacks():
             tuner.fit()
-    except KeyboardInterrupt:
-        if not termination.received:
+    except KeyboardInterrupt:  # a second Ctrl-C: at once
+        if not termination.interrupted:
             raise
     except Exception as exc:  # Tune's own write (its experiment state) met a full disk
-        if not fault.met(exc):
+        if not fault.met(exc) and storage.outage.gave_up is None:
             raise
     finally:
         try:
-            cause = "time limit" if stopper.expired else "interrupt"
+            termination.act()  # a signal the loop had no step left to act on
+            cause = "time limit" if stopper.expired else INTERRUPT
             cause = BUDGET_CAUSE if meter.exhausted else cause
             cause = bridge.cut_by or cause
-            bridge.finalize("run stopped early" if verdict() else cause)
+            if storage.outage.gave_up is None:  # else nothing can be written: the next run
+                bridge.finalize("run stopped early" if verdict() else cause)  # settles them
         finally:
-            storage.close()
+            try:
+                storage.close()
+            except Exception:
+                if bridge.holds(read=False) and storage.outage.gave_up is None:
+                    raise  # else: writes to trials the new holder settled, refused
+    if storage.outage.gave_up is not None:  # the database did not come back in time
+        raise StorageOutageError(storage.outage.gave_up)
     fault.raise_if_met([str(options.results_dir), spec.storage])
     hours = (meter.spent_hours, meter.hours, meter.unit) if meter.hours else None
     return dict(bridge.finished.values()), verdict(), hours
@@ -207,7 +227,7 @@ def _tuner(
     if isinstance(scheduler, PruneReportingASHA):
         scheduler.restore_rungs(earlier_curves(bridge.study))
     elif isinstance(scheduler, MultiObjectiveASHA):  # no intermediate values: the epochs table
-        table = read_epochs(options.results_dir / spec.study / EPOCHS_FILE)
+        table = read_epochs(study_folder(options.results_dir, spec.study) / EPOCHS_FILE)
         scheduler.restore_rungs(objective_curves(table, [o.metric for o in spec.objectives]))
     packed = 0 < placement.gpus_per_trial < 1  # an out-of-memory trial retries with more GPU
     max_failures = max(spec.faults.max_failures, OOM_RETRIES if packed else 0)

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING
 
 from search.record.lease import StudyLease, new_run_id
 from search.record.mlflow_runs import TrialRun
+from search.record.processes import mark
 from search.record.resume import recover
 from search.record.samplers import grid_size
 from search.record.storage import redact
@@ -66,17 +67,30 @@ def run_study(spec: StudySpec, options: RunOptions = RunOptions()) -> RunSummary
         termination = Termination()
         tracker = track(spec, study, options.results_dir)
         finished, stopped, hours = (
-            fit(spec, options, study, lease.run_id, budget, shared, termination, _told(tracker))
+            fit(
+                spec,
+                options,
+                study,
+                lease.run_id,
+                budget,
+                shared,
+                termination,
+                _told(tracker),
+                fence=lease.holds,
+            )
             if budget > 0
             else ({}, None, None)
         )
+        if lease.taken:  # another driver took the study: one line, TAKEN_EXIT_STATUS
+            raise lease.taken_error()
     except BaseException:
         lease.release()
         if tracker is not None:  # the parent run ends KILLED, and the line still shows
             print(tracker.close("KILLED"), file=sys.stderr)
         raise
     lease.release()
-    status = "KILLED" if termination.received else "FAILED" if stopped else "FINISHED"
+    signalled = termination.received or termination.interrupted
+    status = "KILLED" if signalled else "FAILED" if stopped else "FINISHED"
     tracked = tracker.close(status) if tracker is not None else None
     return RunSummary(
         study_name=spec.study,
@@ -88,6 +102,7 @@ def run_study(spec: StudySpec, options: RunOptions = RunOptions()) -> RunSummary
         stopped_early=stopped,
         device_hours=hours,
         terminated=termination.received,
+        interrupted_by_user=termination.interrupted and not termination.received,
         tracking=tracked,
     )
 
@@ -113,7 +128,7 @@ def _forget_if_new(study: optuna.Study) -> None:
 
 
 def _open(
-    spec: StudySpec, options: RunOptions, knobs: bool = True
+    spec: StudySpec, options: RunOptions, knobs: bool = True, run_id: str = ""
 ) -> tuple[optuna.Study, StudyLease]:
     """Checks the spec's knobs against the trainable and that it is a generator (unless
     ``knobs`` is False: a built-in, checked already), then opens the study and takes its
@@ -125,7 +140,7 @@ def _open(
     if spec.warm_start is not None:
         earlier_study(spec, options.source)  # a missing one stops the run before the study
     study = open_study(spec, restart=options.restart, source=options.source)
-    lease = StudyLease(spec.storage, spec.study, new_run_id())
+    lease = StudyLease(spec.storage, spec.study, run_id or new_run_id())
     lease.acquire(options.takeover)
     return study, lease
 
@@ -139,9 +154,11 @@ def _open_while_ray_starts(
     where it sets its SIGTERM handler. The data comes as a future: a loader's error surfaces
     once the lease is held (and released however the run ends). ``knobs``: whether
     :func:`_open` checks the spec's knobs (a user's trainable; a built-in's are checked before)."""
+    run_id = new_run_id()
+    mark(run_id)  # the local Ray's processes carry it: the proof that they are this run's
     pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="search-start")
     try:
-        opening = pool.submit(_open, spec, options, knobs)
+        opening = pool.submit(_open, spec, options, knobs, run_id)
         data = pool.submit(load_data, spec.data)
         try:
             started = init_ray(options.address)
