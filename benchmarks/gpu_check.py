@@ -121,7 +121,7 @@ def tf_packed(trials: int, tmp: Path) -> dict[str, Any]:
     from search.compute.placement import memory_fraction
     from search.record.study import load_study
     from search.run.runner import RunOptions, run_study
-    from search.spec.schema import load_spec, with_overrides
+    from search.specs.schema import load_spec, with_overrides
 
     spec = with_overrides(
         load_spec(TF_SPACE),
@@ -199,11 +199,11 @@ def main() -> None:
 
 def auto_study(trials: int, epochs: int, tmp: Path) -> dict[str, Any]:
     """``gpus_per_trial: auto`` on the CNN space: the packing, utilization, trials per hour."""
+    from search.compute.data import load_data
     from search.record.study import load_study
-    from search.run.data import load_data
     from search.run.fit import place
     from search.run.runner import RunOptions, run_study
-    from search.spec.schema import load_spec, with_overrides
+    from search.specs.schema import load_spec, with_overrides
 
     spec = with_overrides(
         load_spec(SPACE),

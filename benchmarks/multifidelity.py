@@ -262,7 +262,7 @@ def across(args: argparse.Namespace) -> str:
 
 def _correlations(args: argparse.Namespace) -> str:
     """How well each rung's value predicts the final one in the no-pruning studies."""
-    from search.spec.derive import asha_milestones
+    from search.specs.derive import asha_milestones
 
     asha = study_spec(args, "asha", 0)["asha"]
     milestones = asha_milestones(asha["grace_period"], asha["reduction_factor"], args.epochs)

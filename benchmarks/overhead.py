@@ -56,7 +56,7 @@ LABELS = {
 
 def _instant_objective(trial: Any) -> float:
     from search.contract import TrialContext
-    from search.spec.space import Param, sample
+    from search.specs.space import Param, sample
     from search.testing import instant
 
     params = sample(trial, {"x": Param(uniform=(0.0, 1.0))})
@@ -97,7 +97,7 @@ def _optuna(trials: int, warmup: int, storage: str | None) -> tuple[float, float
 
 def _search(trials: int, warmup: int, cpus: int, tmp: Path) -> tuple[float, float]:
     from search.run.runner import RunOptions, init_ray, run_study
-    from search.spec.schema import parse_spec
+    from search.specs.schema import parse_spec
 
     init_ray(None, num_cpus=cpus)
 

@@ -85,7 +85,7 @@ def _spec_data(trials: int, epochs: int, seed: int, tmp: Path, fraction: float) 
 
 
 def _spec(trials: int, epochs: int, seed: int, tmp: Path, fraction: float = 1.0) -> Any:
-    from search.spec.schema import parse_spec
+    from search.specs.schema import parse_spec
 
     return parse_spec(_spec_data(trials, epochs, seed, tmp, fraction))
 
@@ -110,9 +110,9 @@ def _optuna(
     import optuna
 
     from benchmarks.peers_cnn import train
+    from search.compute.data import load_data
     from search.contract import TrialContext
-    from search.run.data import load_data
-    from search.spec.space import sample
+    from search.specs.space import sample
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     spec = _spec(trials, epochs, seed, tmp, fraction)
@@ -172,7 +172,7 @@ def _tune_trial(
 
     from benchmarks.peers_cnn import train
     from search.contract import TrialContext
-    from search.spec.space import is_active, order
+    from search.specs.space import is_active, order
 
     params: dict = {}
     for name in order(space):  # Tune has no conditions: drop what the space would not ask
@@ -195,7 +195,7 @@ def _ray_asha(trials: int, epochs: int, seed: int, cpus: int, tmp: Path, fractio
     from ray.tune.schedulers import ASHAScheduler
     from ray.tune.search.basic_variant import BasicVariantGenerator
 
-    from search.run.data import load_data
+    from search.compute.data import load_data
 
     ray.init(num_cpus=cpus, include_dashboard=False, log_to_driver=False)
     spec = _spec(trials, epochs, seed, tmp, fraction)
@@ -229,7 +229,7 @@ def _ray_tpe(trials: int, epochs: int, seed: int, cpus: int, tmp: Path, fraction
     from ray.tune.schedulers import ASHAScheduler
     from ray.tune.search.optuna import OptunaSearch
 
-    from search.run.data import load_data
+    from search.compute.data import load_data
 
     ray.init(num_cpus=cpus, include_dashboard=False, log_to_driver=False)
     spec = _spec(trials, epochs, seed, tmp, fraction)

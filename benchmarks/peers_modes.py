@@ -39,7 +39,7 @@ def _fixed_search(n: int, epochs: int, cpus: int, reps: int, tmp: Path) -> dict[
     from ray.tune import Callback
 
     from search.run.runner import RunOptions, init_ray, run_study
-    from search.spec.schema import parse_spec
+    from search.specs.schema import parse_spec
 
     times: list[float] = []
 

@@ -113,7 +113,7 @@ def _tables(names: list[str]) -> list[str]:
 
 def _spec(table: Table, name: str, args: dict[str, Any], seed: int, kind: str) -> Any:
     """The spec a user writes for the table (one of :data:`SPACES`) and sampler."""
-    from search.spec.schema import parse_spec
+    from search.specs.schema import parse_spec
 
     return parse_spec(
         {
@@ -162,7 +162,7 @@ def simulate(
     and its config's mean loss."""
     import numpy as np
 
-    from search.spec.space import sample
+    from search.specs.space import sample
 
     rng = np.random.default_rng(seed)
     running: list[tuple[float, int, Any, float, float]] = []
@@ -272,7 +272,7 @@ def good_start(
 
     from search.record.samplers import build_sampler, configure
     from search.record.warm import import_trials
-    from search.spec.schema import parse_spec
+    from search.specs.schema import parse_spec
 
     optuna.logging.set_verbosity(optuna.logging.ERROR)
     kind, (sampler_name, args) = "index", CONTENDERS[sampler]

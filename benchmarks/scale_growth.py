@@ -27,7 +27,7 @@ EPOCHS = 5
 
 
 def _spec(storage: str) -> Any:
-    from search.spec.schema import load_spec, with_overrides
+    from search.specs.schema import load_spec, with_overrides
 
     return with_overrides(
         load_spec(REPO / "spaces" / "cnn.yaml"),
@@ -39,7 +39,7 @@ def _fake_trials(spec: Any, count: int, rng: random.Random) -> list[Any]:
     """``count`` finished trials with random configs of the spec's space, and curves."""
     import optuna
 
-    from search.spec.space import sample
+    from search.specs.space import sample
 
     scratch = optuna.create_study(sampler=optuna.samplers.RandomSampler(rng.randrange(2**31)))
     out = []
@@ -65,7 +65,7 @@ def _fake_trials(spec: Any, count: int, rng: random.Random) -> list[Any]:
 
 def _probe(bridge: Any, size: int, count: int) -> tuple[list[float], list[float]]:
     """Asks and tells ``count`` trials through the bridge; their ask and tell seconds."""
-    from search.record.fate import EPOCH, METRIC_KEYS
+    from search.run.fate import EPOCH, METRIC_KEYS
 
     asks, tells = [], []
     for i in range(count):

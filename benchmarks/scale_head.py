@@ -20,7 +20,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from search.run.cluster import NO_PRESTART
+from search.compute.cluster import NO_PRESTART
 
 REPO = Path(__file__).resolve().parents[1]
 RAY_ENV = {
@@ -28,7 +28,7 @@ RAY_ENV = {
     "RAY_CHDIR_TO_TRIAL_DIR": "0",
     "RAY_AIR_NEW_OUTPUT": "0",
 }
-"""What ``search.run.cluster`` sets for its own trials; given to every contender alike."""
+"""What ``search.compute.cluster`` sets for its own trials; given to every contender alike."""
 
 
 def _free_port() -> int:
@@ -86,7 +86,7 @@ class Head:
             f"--temp-dir={self._temp}",
             "--include-dashboard=false",
             "--disable-usage-stats",
-            # No idle workers prestarted (as a run's own Ray, search/run/cluster.py): by
+            # No idle workers prestarted (as a run's own Ray, search/compute/cluster.py): by
             # default the head prestarts one per logical CPU for the first driver to join, 64
             # Python processes started on 2 cores, charged to whichever contender runs first.
             f"--system-config={json.dumps(NO_PRESTART)}",

@@ -80,7 +80,7 @@ def _truth(trials: list[Any], ray_ids: dict[int, str], tap: Tap) -> dict[str, An
 
 
 def _ours_spec(job: Job, name: str) -> Any:
-    from search.spec.schema import parse_spec
+    from search.specs.schema import parse_spec
 
     return parse_spec(
         {
@@ -123,7 +123,7 @@ def _poll_sqlite(path: str, tap: Tap, stop: threading.Event, out: list[float]) -
 
 def run_ours(job: Job) -> dict[str, Any]:
     """Runs ``job`` through this project; wall, driver CPU, lags and the truth check."""
-    from search.run import cluster
+    from search.compute import cluster
     from search.run.runner import RunOptions, init_ray, run_study
 
     if os.environ.get("SCALE_BEFORE"):  # the trials import the same tree as this driver

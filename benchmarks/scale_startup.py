@@ -77,7 +77,7 @@ def _instrument() -> None:
     import search.record.lease as lease
     import search.run.preflight as preflight
     import search.run.runner as runner
-    import search.spec.schema as schema
+    import search.specs.schema as schema
 
     _timed(schema, "with_overrides", "spec")
     _timed(preflight, "check_run", "preflight")
@@ -162,8 +162,8 @@ def optuna_probe(out: str) -> None:
 
     from search.contract import TrialContext
     from search.contract.dataset import load_digits
-    from search.spec.schema import load_spec
-    from search.spec.space import sample
+    from search.specs.schema import load_spec
+    from search.specs.space import sample
     from trainables.torch.cnn import train
 
     MARKS["imports"] = time.time()

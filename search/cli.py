@@ -24,7 +24,7 @@ import typer
 
 from search.errors import SearchError, disk_full, one_line
 from search.run import terminal
-from search.spec.schema import DEFAULT_STORAGE
+from search.specs.schema import DEFAULT_STORAGE
 
 if TYPE_CHECKING:
     import optuna
@@ -101,7 +101,7 @@ def run(
 ) -> None:
     """Run a study: sample configs, train them as Ray Tune trials, record them in Optuna."""
     from search.run.preflight import check_run
-    from search.spec.schema import load_spec, with_overrides
+    from search.specs.schema import load_spec, with_overrides
 
     parsed = with_overrides(
         load_spec(spec),
@@ -426,7 +426,7 @@ def train(
     import json
 
     from search.handover.train import train_spec, will_import
-    from search.spec.schema import load_spec
+    from search.specs.schema import load_spec
 
     parsed = load_spec(spec)
     console.print(will_import(parsed, str(spec)), markup=False)

@@ -132,3 +132,19 @@ class DiskFullError(SearchError):
             f"no space left on device for {one_line(where)}: free space and run the same "
             "command again"
         )
+
+
+def error_summary(error: BaseException | None) -> str:
+    """One line that says what a trial's exception was (no traceback).
+
+    Ray wraps the trainable's exception; the original is its ``cause`` when there is one.
+    """
+    if error is None:
+        return "the trial raised an error"
+    cause = getattr(error, "cause", None)
+    while cause is not None and getattr(cause, "cause", None) is not None:
+        cause = cause.cause
+    exc = cause if isinstance(cause, BaseException) else error
+    lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
+    text = lines[-1] if lines else ""
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__

@@ -1,6 +1,6 @@
 """The layers of ``search/`` import one way, without cycles and without hidden imports.
 
-    cli -> handover -> report -> run -> compute -> record -> spec -> search -> contract -> errors
+    cli -> handover -> report -> run -> compute -> record -> specs -> search -> contract -> errors
 
 A module may import from its own layer and the layers below it, never above. The check reads
 every ``import`` statement (module level, function level and under ``TYPE_CHECKING``) with
@@ -28,7 +28,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("run",),
     ("compute",),
     ("record",),
-    ("spec",),
+    ("specs",),
     ("testing", "keras", "lightning", "hf"),
     ("__init__",),
     ("contract",),
@@ -214,14 +214,14 @@ def test_every_package_is_in_a_layer() -> None:
     ("edges", "problem"),
     [
         (
-            {"search.spec.schema": {"search.run.runner"}},
-            ["search.spec.schema -> search.run.runner"],
+            {"search.specs.schema": {"search.run.runner"}},
+            ["search.specs.schema -> search.run.runner"],
         ),
         (
-            {"search.contract.driver": {"search.record.fate"}},
-            ["search.contract.driver -> search.record.fate"],
+            {"search.contract.driver": {"search.run.fate"}},
+            ["search.contract.driver -> search.run.fate"],
         ),
-        ({"search.run.runner": {"search.spec.schema"}}, []),
+        ({"search.run.runner": {"search.specs.schema"}}, []),
     ],
 )
 def test_the_layer_check_catches_an_upward_import(edges: dict, problem: list) -> None:
@@ -242,7 +242,7 @@ def test_the_cycle_check_catches_a_cycle() -> None:
 def test_only_the_package_root_lists_public_names() -> None:
     """The public face is ``search/__init__.py``'s ``__all__``; an ``__all__`` in an internal
     layer's ``__init__`` would be a second one, which users would read as a promise."""
-    internal = ("handover", "report", "run", "compute", "record", "spec", "contract")
+    internal = ("handover", "report", "run", "compute", "record", "specs", "contract")
     listing = []
     for package in internal:
         tree = ast.parse((ROOT / package / "__init__.py").read_text())

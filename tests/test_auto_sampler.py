@@ -13,9 +13,9 @@ from search.record.auto import AutoSampler, Plan, plan_for
 from search.record.distinct import DistinctTPESampler
 from search.record.samplers import SAMPLER, build_sampler, configure
 from search.record.study import open_study, record_spec
-from search.spec.pinned import PINNED
-from search.spec.schema import parse_spec
-from search.spec.space import Param, sample
+from search.specs.pinned import PINNED
+from search.specs.schema import parse_spec
+from search.specs.space import Param, sample
 from tests.conftest import base_spec
 
 SPACE = {

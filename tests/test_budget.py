@@ -12,7 +12,7 @@ from pathlib import Path
 import optuna
 import pytest
 
-from search.spec.schema import load_spec
+from search.specs.schema import load_spec
 from tests.conftest import REPO, base_spec
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]

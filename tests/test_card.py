@@ -17,7 +17,7 @@ from optuna.trial import TrialState, create_trial
 
 from search.contract.inputs import read_inputs, write_inputs
 from search.handover.card import model_card
-from search.spec.schema import StudySpec, parse_spec
+from search.specs.schema import StudySpec, parse_spec
 from tests.conftest import base_spec
 
 USER_TRAINABLE = "tabular_user.model:train"
@@ -191,7 +191,7 @@ def test_environment_records_the_projects_commit_and_the_datas_fingerprint(
 
     from search.contract.dataset import Dataset
     from search.handover.card import environment
-    from search.spec.schema import DataSpec
+    from search.specs.schema import DataSpec
 
     for name in [m for m in sys.modules if m.split(".")[0] == "tabular_user"]:
         monkeypatch.delitem(sys.modules, name)  # an earlier test's package, elsewhere

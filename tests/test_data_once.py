@@ -15,11 +15,11 @@ import optuna
 import pytest
 from optuna.trial import TrialState
 
+from search.compute.data import load_data
 from search.contract import trainable
 from search.handover.export import export_study
-from search.run.data import load_data
 from search.run.runner import RunOptions, run_study
-from search.spec.schema import parse_spec
+from search.specs.schema import parse_spec
 from tests.conftest import base_spec
 from tests.test_export import make_study
 

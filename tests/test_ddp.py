@@ -20,7 +20,7 @@ from search.compute.distributed import data_parallel
 from search.contract import TrialContext, trainable
 from search.contract.dataset import Dataset, load_digits
 from search.run.runner import RunOptions, run_study
-from search.spec.schema import parse_spec
+from search.specs.schema import parse_spec
 from tests.conftest import alive, base_spec
 
 pytestmark = [pytest.mark.slow, pytest.mark.torch]

@@ -34,7 +34,7 @@ from typing import Any
 import pytest
 import yaml
 
-from search.spec.schema import parse_spec
+from search.specs.schema import parse_spec
 
 pytestmark = pytest.mark.slow  # over 5 s here (the site build, a process per block)
 

@@ -29,7 +29,7 @@ from search.contract import TrialContext, declarations
 from search.handover.confirm import ROLE
 from search.handover.export import TOLERANCE, export_study
 from search.record.study import CONFIRM_SUFFIX, confirm_storage, open_study, record_spec
-from search.spec.schema import load_spec, parse_spec
+from search.specs.schema import load_spec, parse_spec
 from tests.conftest import REPO, base_spec
 from tests.test_cli import _cli
 

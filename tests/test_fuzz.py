@@ -23,7 +23,7 @@ from typer.testing import CliRunner
 
 from search.cli import app
 from search.errors import SpecError
-from search.spec.schema import StudySpec, load_spec, parse_spec
+from search.specs.schema import StudySpec, load_spec, parse_spec
 
 pytestmark = pytest.mark.slow  # over 5 s here: make test-fast leaves it out
 

@@ -8,11 +8,11 @@ from typing import Any
 
 import pytest
 
+from search.compute.data import load_data
 from search.contract import UnknownTrainableError, declarations
 from search.errors import SearchError
 from search.handover.train import no_hook
-from search.run.data import load_data
-from search.spec.schema import DataSpec, parse_spec
+from search.specs.schema import DataSpec, parse_spec
 from tests.conftest import base_spec
 
 

@@ -13,7 +13,7 @@ import pytest
 
 from search.record.study import load_study
 from search.run.runner import RunOptions, run_study
-from search.spec.schema import parse_spec
+from search.specs.schema import parse_spec
 from search.testing import HOSTILE_MODES
 from tests.conftest import base_spec
 

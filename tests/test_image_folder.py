@@ -12,7 +12,7 @@ from search.contract import TrialContext, train_to_end
 from search.contract.dataset import image_folder, load_digits, materialize
 from search.record.study import load_study
 from search.run.runner import RunOptions, run_study
-from search.spec.schema import parse_spec
+from search.specs.schema import parse_spec
 from tests.conftest import base_spec
 
 

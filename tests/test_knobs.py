@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from search.spec.knobs import KnobError, check_knobs, declared_knobs
-from search.spec.schema import parse_spec
+from search.specs.knobs import KnobError, check_knobs, declared_knobs
+from search.specs.schema import parse_spec
 from tests.conftest import REPO, base_spec, write_spec
 from tests.test_cli import _cli
 
@@ -80,8 +80,8 @@ def test_checking_a_builtins_knobs_imports_no_framework(tmp_path: Path) -> None:
     )
     code = f"""
 import sys
-from search.spec.knobs import KnobError, check_knobs
-from search.spec.schema import load_spec, with_overrides
+from search.specs.knobs import KnobError, check_knobs
+from search.specs.schema import load_spec, with_overrides
 from search.contract import BUILTIN
 spec = load_spec({str(spec_path)!r})
 for name in sorted(BUILTIN):

@@ -25,7 +25,7 @@ from search.contract import TrialContext, trainable
 from search.record.queries import EPOCHS_FILE, read_epochs
 from search.record.study import load_study
 from search.run.runner import RunOptions, run_study
-from search.spec.schema import parse_spec
+from search.specs.schema import parse_spec
 from tests.conftest import alive
 
 pytestmark = [

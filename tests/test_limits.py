@@ -20,7 +20,7 @@ from search.compute.job import trial_context, trial_job
 from search.compute.limits import ALLOC_CONF, apply_limits
 from search.compute.placement import Measurement, Share, resolve
 from search.contract import TrialContext
-from search.spec.schema import ResourcesSpec, parse_spec
+from search.specs.schema import ResourcesSpec, parse_spec
 from tests.conftest import REPO, base_spec
 
 GIB = 2**30

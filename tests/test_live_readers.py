@@ -34,7 +34,7 @@ import pytest
 
 from search.record.study import load_study, open_study
 from search.run.runner import RunOptions, run_study
-from search.spec.schema import parse_spec
+from search.specs.schema import parse_spec
 from tests.conftest import REPO, base_spec
 
 pytestmark = [pytest.mark.ray]

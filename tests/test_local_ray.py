@@ -20,7 +20,7 @@ PROBE = """
 import time
 from pathlib import Path
 import ray
-from search.run.cluster import init_ray
+from search.compute.cluster import init_ray
 
 def idle_workers() -> int:
     raylet = ray._private.worker._global_node.all_processes["raylet"][0].process.pid
@@ -69,7 +69,7 @@ SHUTDOWN = """
 import gc, sys
 import ray
 from search.cli import ray_stopping_behind
-from search.run.cluster import init_ray
+from search.compute.cluster import init_ray
 
 freed_while_up = []
 

@@ -19,7 +19,7 @@ from search.record.study import load_study
 from search.report.logs import print_log
 from search.run.output import captured
 from search.run.runner import RunOptions, run_study
-from search.spec.schema import parse_spec
+from search.specs.schema import parse_spec
 from tests.conftest import base_spec
 
 TRIALS = 3

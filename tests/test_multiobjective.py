@@ -16,7 +16,7 @@ from search.record.queries import EPOCHS_FILE, pareto_trials, trials_frame
 from search.record.study import load_study
 from search.report.html import write_report
 from search.run.runner import RunOptions, run_study
-from search.spec.schema import load_spec, parse_spec, with_overrides
+from search.specs.schema import load_spec, parse_spec, with_overrides
 from tests.conftest import REPO, base_spec
 
 pytestmark = [pytest.mark.ray]

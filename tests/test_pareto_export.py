@@ -35,7 +35,7 @@ from search.record.study import (
     record_spec,
 )
 from search.run.runner import RunOptions, run_study
-from search.spec.schema import parse_spec
+from search.specs.schema import parse_spec
 from tests.conftest import base_spec
 from tests.test_cli import _cli
 

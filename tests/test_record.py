@@ -7,7 +7,8 @@ import math
 from optuna.trial import TrialState
 
 from search.contract import nonfinite_reason
-from search.record.fate import EPOCH, FAIL_REASON, NO_VALUE, TrialRecord, error_summary
+from search.errors import error_summary
+from search.run.fate import EPOCH, FAIL_REASON, NO_VALUE, TrialRecord
 
 
 def _record(values: list[float], max_epochs: int = 9, **last: object) -> TrialRecord:

@@ -24,7 +24,7 @@ from optuna.distributions import CategoricalDistribution, FloatDistribution
 from optuna.trial import TrialState, create_trial
 
 from search.record.study import confirm_storage, open_study, record_spec
-from search.spec.schema import parse_spec
+from search.specs.schema import parse_spec
 from tests.conftest import REPO, base_spec, free_port, invocations, served
 from tests.test_cli import _cli
 from tests.test_pareto_export import POINTS, built_study

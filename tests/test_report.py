@@ -21,8 +21,8 @@ from search.report.html import summarize, write_report
 from search.run.bridge import OptunaBridge
 from search.run.progress import ProgressCallback
 from search.run.runner import RunOptions, run_study
-from search.spec.derive import asha_milestones
-from search.spec.schema import parse_spec
+from search.specs.derive import asha_milestones
+from search.specs.schema import parse_spec
 from tests.conftest import base_spec
 from tests.test_cli import _cli
 

@@ -134,8 +134,8 @@ def test_kill_9_mid_study_then_run_again_continues(tmp_path: Path) -> None:
 
 def test_an_interrupted_grid_point_is_run_again_and_no_visited_one_twice(tmp_path: Path) -> None:
     from search.record.samplers import build_sampler
-    from search.spec.schema import parse_spec
-    from search.spec.space import sample
+    from search.specs.schema import parse_spec
+    from search.specs.space import sample
 
     spec = parse_spec(
         base_spec(

@@ -116,7 +116,7 @@ def test_ctrl_c_prints_its_line_and_the_summary_and_exits_130(tmp_path: Path, pr
 def test_processes_started_in_own_process_group_leave_the_callers_and_others_stay() -> None:
     import threading
 
-    from search.run.cluster import own_process_group
+    from search.compute.cluster import own_process_group
 
     def group_of_child() -> int:
         # a preexec_fn, as Ray's own processes have: Python runs its fork hooks in the child
@@ -141,7 +141,7 @@ def test_processes_started_in_own_process_group_leave_the_callers_and_others_sta
 def test_a_trial_sigterm_cut_is_replaced_and_one_that_finished_or_was_pruned_keeps_its_fate() -> (
     None
 ):
-    from search.record.fate import TERMINATED, TrialRecord
+    from search.run.fate import TERMINATED, TrialRecord
 
     def record(epochs: int, pruned: bool = False) -> TrialRecord:
         rec = TrialRecord("acc", 3, interrupted=TERMINATED, pruned=pruned)
@@ -187,12 +187,12 @@ def test_sigterm_inside_a_storage_call_never_blocks_and_the_loop_makes_the_cut(
     waited for the interrupted transaction's lock, or broke it, and lost the cut."""
     import sqlalchemy as sa
 
-    from search.record.fate import TERMINATED
     from search.record.storage import open_storage, rdb_backend
     from search.record.writeback import WriteBehindStorage
     from search.run.bridge import OptunaBridge
+    from search.run.fate import TERMINATED
     from search.run.signals import Termination
-    from search.spec.space import Param
+    from search.specs.space import Param
 
     monkeypatch.setattr("search.record.storage.SQLITE_TIMEOUT_S", 2)  # a lock waits 2 s
     storage = open_storage(f"sqlite:///{tmp_path}/s.db")

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from search.errors import SpecError
-from search.spec.schema import load_spec, parse_spec, with_overrides
+from search.specs.schema import load_spec, parse_spec, with_overrides
 from tests.conftest import REPO, base_spec, write_spec
 
 

@@ -20,8 +20,8 @@ from search.record.study import load_study
 from search.run.bridge import OptunaBridge
 from search.run.runner import RunOptions, run_study
 from search.run.stall import FLOOR_S, MULTIPLE, EpochTimes, StallWatch, stall_limit
-from search.spec.derive import incompatible_change
-from search.spec.schema import parse_spec
+from search.specs.derive import incompatible_change
+from search.specs.schema import parse_spec
 from tests.conftest import base_spec
 
 STALL_S = 3.0

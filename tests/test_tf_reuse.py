@@ -18,7 +18,7 @@ from search.handover.export import export_study
 from search.record.study import CONFIRM_SUFFIX, confirm_storage, load_study
 from search.run.options import RunOptions
 from search.run.runner import run_study
-from search.spec.schema import parse_spec
+from search.specs.schema import parse_spec
 
 pytestmark = [
     pytest.mark.tf,

@@ -15,13 +15,13 @@ from types import SimpleNamespace
 import optuna
 import pytest
 
-from search.record.fate import EPOCH, NODE_LOST, TrialRecord
 from search.record.resume import INTERRUPTED
 from search.run.bridge import Outcome
 from search.run.death import EXIT_NOTE, SILENT, Deaths, cause_in, read_since
+from search.run.fate import EPOCH, NODE_LOST, TrialRecord
 from search.run.runner import RunOptions, run_study
 from search.run.stopping import FailFast
-from search.spec.schema import load_spec
+from search.specs.schema import load_spec
 from tests.conftest import base_spec, write_spec
 
 

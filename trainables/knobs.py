@@ -2,7 +2,7 @@
 
 One definition for both frameworks keeps the names, defaults and choices identical: a space
 written for ``torch_cnn`` runs as it is on ``tf_cnn``. Framework-free (no torch, no TF), so
-the driver's knob check (:mod:`search.spec.knobs`) reads each built-in's knobs here
+the driver's knob check (:mod:`search.specs.knobs`) reads each built-in's knobs here
 (``search.contract.registry.BUILTIN_KNOBS``) without importing its framework.
 """
 

@@ -20,12 +20,12 @@ from search.compute.job import TrialJob, trial_context, trial_job
 from search.compute.limits import prepare
 from search.compute.placement import Measurement
 from search.contract import drive
-from search.spec.space import is_active, order
+from search.specs.space import is_active, order
 
 if TYPE_CHECKING:
     from search.contract import Dataset
-    from search.spec.schema import StudySpec
-    from search.spec.space import Param
+    from search.specs.schema import StudySpec
+    from search.specs.space import Param
 
 _log = logging.getLogger(__name__)
 
@@ -61,7 +61,7 @@ def largest_config(space: Mapping[str, Param], fixed: Mapping[str, Any]) -> dict
     at its upper bound (batch size, widths, layers), fp32, the optimizer with most state.
 
     Example:
-        >>> from search.spec.space import Param
+        >>> from search.specs.space import Param
         >>> largest_config({"batch_size": Param(choice=[32, 256]),
         ...                 "precision": Param(choice=["bf16", "fp32"]),
         ...                 "momentum": Param(uniform=(0.8, 0.9), when={"optimizer": "sgd"}),
@@ -108,7 +108,7 @@ def measure(spec: StudySpec, data: Any) -> Measurement | None:
     """Runs :func:`measure_peak` of the space's largest config as a Ray task on one GPU.
 
     ``data``: the trials' data, or a holder of it in Ray's object store with ``ref`` and
-    ``path`` attributes (``search.run.data.SharedData``), which the task reads without a copy.
+    ``path`` attributes (``search.compute.data.SharedData``), which the task reads without a copy.
 
     Returns None (one trial per GPU) when the measurement fails or times out.
     """

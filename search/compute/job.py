@@ -15,7 +15,7 @@ from search.contract import TrialContext
 
 if TYPE_CHECKING:
     from search.compute.placement import Placement
-    from search.spec.schema import StudySpec
+    from search.specs.schema import StudySpec
 
 
 @dataclass(frozen=True)

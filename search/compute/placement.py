@@ -43,7 +43,7 @@ from search.contract.registry import IN_PROCESS, PROCESSES, ParallelMode
 from search.errors import SearchError
 
 if TYPE_CHECKING:
-    from search.spec.schema import ResourcesSpec
+    from search.specs.schema import ResourcesSpec
 
 CUDA_CONTEXT_BYTES = 512 * 2**20
 """What each CUDA process holds outside PyTorch's caching allocator (context, kernels)."""
@@ -241,7 +241,7 @@ def one_process(resources: ResourcesSpec) -> Placement:
     (:func:`search.handover.export.with_placement` resolves it on the cluster first).
 
     Example:
-        >>> from search.spec.schema import ResourcesSpec
+        >>> from search.specs.schema import ResourcesSpec
         >>> placed = one_process(ResourcesSpec(cpus_per_trial=2, gpus_per_trial=0.5))
         >>> placed.num_threads, placed.share.gpus, placed.share.memory_fraction
         (2, 0.5, 0.45)

@@ -27,6 +27,19 @@ if TYPE_CHECKING:
     from search.contract.dataset import Dataset
 
 
+NOT_RETRIED = (
+    TypeError,
+    KeyError,
+    NameError,
+    AttributeError,
+    ImportError,
+    SyntaxError,
+    ConfigError,
+)
+"""Errors of a trainable's code that fail the same way every time: the trial fails at once,
+with its traceback written beside it, and is not retried (Tune retries whatever raises)."""
+
+
 def as_number(value: Any) -> float | None:
     """``value`` as a Python float when it is a real number, else ``None``.
 

@@ -26,8 +26,8 @@ from search.handover.lineage import frameworks
 from search.handover.train import Log, train_spec
 from search.record.storage import redact
 from search.record.study import CONFIRM_FILE
-from search.spec.derive import one_trial_spec
-from search.spec.schema import parse_spec
+from search.specs.derive import one_trial_spec
+from search.specs.schema import parse_spec
 
 if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     import optuna
 
     from search.contract.dataset import Dataset
-    from search.spec.schema import StudySpec
+    from search.specs.schema import StudySpec
 
 TOLERANCE = 0.02
 """How close ``python -m search train config.yaml`` must come to the exported metric."""

@@ -17,12 +17,12 @@ from typing import TYPE_CHECKING, Any
 from search.contract import declarations
 from search.handover.train import ExportError
 from search.record.queries import pareto_trials
-from search.spec.schema import parse_spec
+from search.specs.schema import parse_spec
 
 if TYPE_CHECKING:
     import optuna
 
-    from search.spec.schema import StudySpec
+    from search.specs.schema import StudySpec
 
 CONFIRM_SEED_OFFSET = 1_000_000
 """Confirmation seeds start here above the sampler's seed; search trial ``n`` used seed + n."""

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 
     from search.contract.dataset import Dataset
     from search.handover.confirm import ConfirmRun
-    from search.spec.schema import DataSpec, StudySpec
+    from search.specs.schema import DataSpec, StudySpec
 
 PACKAGES = (
     "search",

@@ -46,7 +46,7 @@ from search.contract.inputs import (
     shape_text,
 )
 from search.errors import SearchError, one_line
-from search.spec.schema import DataSpec
+from search.specs.schema import DataSpec
 
 BATCH = 2
 """The batch of the random inputs."""

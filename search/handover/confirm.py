@@ -8,7 +8,7 @@
    with one trial's resources and a trial's threads and GPU memory cap
    (:func:`search.compute.limits.prepare`, user attribute ``limits`` as on a trial), at most
    ``resources.max_concurrent`` at once, and the retries of a trial: a run that raised (but
-   not one of :data:`search.run.worker.NOT_RETRIED`, which fail the same way every time) or
+   not one of :data:`search.contract.driver.NOT_RETRIED`, which fail the same way every time) or
    whose process died starts again, up to ``faults.max_failures`` times, each retry said in
    one line and kept in the user attributes ``retries`` and ``retried_after`` (search trials
    already had their chance to be lucky; new seeds measure the config, not the draw). Every
@@ -37,20 +37,20 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from search.compute.cluster import init_ray
+from search.contract.driver import NOT_RETRIED
 from search.errors import one_line
 from search.handover.candidates import Candidate, resolved_config
 from search.handover.train import Log, train_once
 from search.record.storage import open_storage, redacted_spec
 from search.record.study import CONFIRM_SUFFIX, confirm_storage
-from search.run.cluster import init_ray
-from search.run.worker import NOT_RETRIED
-from search.spec.schema import parse_spec
+from search.specs.schema import parse_spec
 
 if TYPE_CHECKING:
     import optuna
 
     from search.contract.dataset import Dataset
-    from search.spec.schema import StudySpec
+    from search.specs.schema import StudySpec
 
 ROLE = "confirmation"
 """User attribute ``role`` of every confirmation trial (and of the confirmation study)."""
@@ -72,7 +72,7 @@ class ConfirmRun:
     user attribute ``limits``."""
     retriable: bool = False
     """Whether it failed by an error that a retry may not meet again (it raised, but not one
-    of :data:`~search.run.worker.NOT_RETRIED`; or its process died)."""
+    of :data:`~search.contract.driver.NOT_RETRIED`; or its process died)."""
     retries: int = 0
     retried_after: list[str] = field(default_factory=list)
     """The error of each attempt that was retried, one line each."""

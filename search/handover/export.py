@@ -31,6 +31,8 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from search.compute.cluster import init_ray
+from search.compute.data import load_data
 from search.compute.placement import resolve
 from search.contract import declarations
 from search.handover.bundle import (
@@ -61,16 +63,14 @@ from search.handover.train import ExportError, Log, check_returns_model, no_hook
 from search.record.folders import study_folder
 from search.record.study import load_study
 from search.report.artifacts import attach_file
-from search.run.cluster import init_ray
-from search.run.data import load_data
-from search.spec.schema import parse_spec
+from search.specs.schema import parse_spec
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
     import optuna
 
-    from search.spec.schema import StudySpec
+    from search.specs.schema import StudySpec
 
 __all__ = [
     "FINAL_SUFFIX",

@@ -33,7 +33,7 @@ from search.contract import BUILTIN
 
 if TYPE_CHECKING:
     from search.contract.dataset import Dataset
-    from search.spec.schema import DataSpec
+    from search.specs.schema import DataSpec
 
 FRAMEWORKS = {
     "torch": "torch",

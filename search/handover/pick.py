@@ -32,7 +32,7 @@ from search.record.queries import pareto_trials
 if TYPE_CHECKING:
     import optuna
 
-    from search.spec.schema import StudySpec
+    from search.specs.schema import StudySpec
 
 OPERATORS: dict[str, Callable[[float, float], bool]] = {
     "<=": operator.le,

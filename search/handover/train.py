@@ -13,16 +13,16 @@ from contextlib import closing
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from search.compute.data import load_data
 from search.compute.job import trial_context, trial_job
 from search.compute.limits import disarm, prepare
 from search.contract import Epoch, declarations, drive, nonfinite_reason
 from search.contract.driver import no_model, returns_model
 from search.errors import SearchError
-from search.run.data import load_data
 
 if TYPE_CHECKING:
     from search.contract import Dataset
-    from search.spec.schema import StudySpec
+    from search.specs.schema import StudySpec
 
 Log = Callable[[str], None]
 _LOAD: Any = object()
@@ -94,7 +94,7 @@ def will_import(spec: StudySpec, source: str) -> str:
     the code these commands run.
 
     Example:
-        >>> from search.spec.schema import parse_spec
+        >>> from search.specs.schema import parse_spec
         >>> spec = parse_spec({"study": "s", "trainable": "search.testing:curve",
         ...     "objective": {"metric": "acc", "mode": "max"}, "budget": {"trials": 1,
         ...     "max_epochs": 1}, "data": {"loader": "pkg.data:load"}}, "doc")

@@ -17,13 +17,13 @@ import yaml
 
 from search.record.folders import study_folder
 from search.record.storage import redact
-from search.spec.derive import one_trial_spec
+from search.specs.derive import one_trial_spec
 
 if TYPE_CHECKING:
     import optuna
     import pandas as pd
 
-    from search.spec.schema import StudySpec
+    from search.specs.schema import StudySpec
 
 ATTR_COLUMNS = ("epochs", "seconds", "device", "node", "fail_reason", "traceback", "ray_trial_id")
 

@@ -8,7 +8,7 @@ RUNNING or WAITING was left by a dead one:
   before the attributes and the state) gets that fate, as if its driver had lived;
 * any other is recorded as FAIL with the reason :data:`INTERRUPTED` and replaced (it does not
   count against the budget, :func:`counts`; a dead driver is the world's doing, as
-  :mod:`search.record.fate` says);
+  :mod:`search.run.fate` says);
 * COMPLETE, PRUNED and genuinely failed trials count, so the new run only adds what is left
   (trials a warm start imported were not run here, and do not);
 * ASHA's rungs are refilled from the earlier trials' intermediate values
@@ -36,7 +36,7 @@ FATE = "search:fate"
 
 def counts(trial: optuna.trial.FrozenTrial) -> bool:
     """Whether a finished trial counts against the budget: not one the world cut (FAIL with
-    :data:`INTERRUPTED`, replaced; :mod:`search.record.fate` states the rule), nor one a warm
+    :data:`INTERRUPTED`, replaced; :mod:`search.run.fate` states the rule), nor one a warm
     start imported (not run here).
 
     Example:

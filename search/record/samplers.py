@@ -15,11 +15,11 @@ from optuna.trial import TrialState
 from search.record.auto import AutoSampler
 from search.record.history import BoundedTPESampler
 from search.record.resume import interrupted
-from search.spec.pinned import PINNED
-from search.spec.space import grid, order
+from search.specs.pinned import PINNED
+from search.specs.space import grid, order
 
 if TYPE_CHECKING:
-    from search.spec.schema import StudySpec
+    from search.specs.schema import StudySpec
 
 SAMPLER = "sampler"
 """Study user attribute: the sampler's name, seed, every argument, the Optuna version that
@@ -67,7 +67,7 @@ def grid_size(spec: StudySpec) -> int | None:
 
 def sampler_args(spec: StudySpec, stored: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """Every argument the spec's sampler is built with (its seed aside): the pinned ones
-    (:data:`~search.spec.pinned.PINNED`), then those ``stored`` on the study when it was
+    (:data:`~search.specs.pinned.PINNED`), then those ``stored`` on the study when it was
     created (a resume samples as the first run did), then the spec's ``sampler.args``.
 
     Example:

@@ -14,10 +14,10 @@ from search.record.folders import study_folder
 from search.record.lease import StudyLease
 from search.record.samplers import SAMPLER, build_sampler, describe
 from search.record.storage import open_storage, redact, redacted_spec
-from search.spec.derive import incompatible_change
+from search.specs.derive import incompatible_change
 
 if TYPE_CHECKING:
-    from search.spec.schema import StudySpec
+    from search.specs.schema import StudySpec
 
 CONFIRM_SUFFIX = "-confirm"
 """The confirmation runs of study ``X`` are the trials of study ``X-confirm``."""
@@ -59,7 +59,7 @@ def open_study(spec: StudySpec, restart: bool = False, source: str = "spec") -> 
 
     Raises:
         SpecMismatchError: When resuming with a spec that changes the objective, the space or
-            another field of :data:`search.spec.derive.FIXED_FIELDS`.
+            another field of :data:`search.specs.derive.FIXED_FIELDS`.
         StudyBusyError: When ``restart`` would delete a study a live driver holds.
     """
     storage = open_storage(spec.storage)
@@ -96,7 +96,7 @@ def directions(spec: StudySpec) -> list[Literal["minimize", "maximize"]]:
     """Optuna's direction of each of ``spec``'s objectives.
 
     Example:
-        >>> from search.spec.schema import parse_spec
+        >>> from search.specs.schema import parse_spec
         >>> two = [{"metric": "acc", "mode": "max"}, {"metric": "latency_ms", "mode": "min"}]
         >>> spec = parse_spec({"study": "s", "trainable": "search.testing:curve", "objective": two})
         >>> directions(spec)

@@ -31,7 +31,7 @@ from search.record.storage import redact, scrub
 if TYPE_CHECKING:
     import optuna
 
-    from search.spec.schema import StudySpec
+    from search.specs.schema import StudySpec
 
 Backlog = Callable[[Callable[[int], bool]], Sequence[TrialRun]]
 """Given which trial numbers are logged already, the earlier trials still to log."""

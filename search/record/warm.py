@@ -27,10 +27,10 @@ from search.errors import SearchError
 from search.record.resume import IMPORTED, interrupted
 from search.record.storage import open_storage, redact
 from search.record.study import directions
-from search.spec.space import sample
+from search.specs.space import sample
 
 if TYPE_CHECKING:
-    from search.spec.schema import StudySpec
+    from search.specs.schema import StudySpec
 
 WARM_START = "warm_start"
 """Study user attribute: ``{"study", "trials"}``, the study warm-started from and the trials

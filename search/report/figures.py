@@ -22,7 +22,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from search.spec.derive import asha_milestones
+from search.specs.derive import asha_milestones
 
 if TYPE_CHECKING:
     import optuna

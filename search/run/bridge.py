@@ -4,7 +4,7 @@ Ray's stock ``OptunaSearch`` is wrong for us in three ways (measured with Ray 2.
 5.0): trials that ASHA stopped are told COMPLETE; the last epoch of every trial is missing from
 its intermediate values, because Ray only calls ``Searcher.on_trial_result`` for results that do
 not stop the trial; and trials whose metric turns NaN stay RUNNING. So we keep a
-:class:`~search.record.fate.TrialRecord` per trial, take the stopping result from
+:class:`~search.run.fate.TrialRecord` per trial, take the stopping result from
 ``on_trial_complete`` too, learn of ASHA's stops from the scheduler (see
 :mod:`search.run.scheduler`) and of errors from a Tune callback, and tell Optuna once, at the end.
 
@@ -25,14 +25,15 @@ from optuna.trial import TrialState
 from ray.tune import Callback
 from ray.tune.search import Searcher
 
-from search.record.fate import NODE_LOST, NUMBER, SEED, TrialRecord, error_summary
+from search.errors import error_summary
 from search.record.resume import FATE, fate_record, settle_open
 from search.record.warm import START_FROM
 from search.record.writeback import WriteBehindStorage
 from search.run.death import Deaths, node_lost
+from search.run.fate import NODE_LOST, NUMBER, SEED, TrialRecord
 from search.run.faults import DiskFault
 from search.run.output import LOG_FILE
-from search.spec.space import sample
+from search.specs.space import sample
 
 TAKEN = "taken over"
 """What cut a run whose study another driver took over (:mod:`search.record.lease`)."""
@@ -42,7 +43,7 @@ if TYPE_CHECKING:
 
     from ray.tune.experiment import Trial
 
-    from search.spec.space import Param
+    from search.specs.space import Param
 
 
 @dataclass(frozen=True)
@@ -248,8 +249,8 @@ class OptunaBridge(Searcher):
             self._finish(trial_id)
 
     def cut(self, cause: str, trial_id: str | None = None) -> None:
-        """The world or Ctrl-C cut the run (``cause``, one of :data:`search.record.fate.WORLD`,
-        or :data:`search.record.fate.INTERRUPT`): every
+        """The world or Ctrl-C cut the run (``cause``, one of :data:`search.run.fate.WORLD`,
+        or :data:`search.run.fate.INTERRUPT`): every
         trial still open is settled at once as cut by it, ``trial_id``'s too when its own
         error was the world's (a full disk), and no new trial starts."""
         self.cut_by = cause

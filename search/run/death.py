@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from search.record.fate import EPOCH
+from search.run.fate import EPOCH
 
 if TYPE_CHECKING:
     from ray.tune.experiment import Trial

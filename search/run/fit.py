@@ -23,11 +23,11 @@ from typing import TYPE_CHECKING, Any
 
 from ray.tune.stopper import CombinedStopper
 
+from search.compute.cluster import init_ray, untagged_callbacks
 from search.compute.gpu_memory import measure
 from search.compute.job import trial_job
 from search.compute.placement import Placement, resolve
 from search.contract import RESERVED_PREFIX, declarations
-from search.record.fate import DISK_FULL, INTERRUPT, NUMBER, TERMINATED
 from search.record.folders import study_folder
 from search.record.outage import StorageOutageError
 from search.record.queries import EPOCHS_FILE, append_epochs, objective_curves, read_epochs
@@ -37,7 +37,7 @@ from search.record.warm import pending_start
 from search.record.writeback import WriteBehindStorage
 from search.run.bridge import TAKEN, ErrorCallback, OptunaBridge, Outcome
 from search.run.budget import BUDGET_CAUSE, DeviceBudget, budget_for, spent_before
-from search.run.cluster import init_ray, untagged_callbacks
+from search.run.fate import DISK_FULL, INTERRUPT, NUMBER, TERMINATED
 from search.run.faults import DiskFault
 from search.run.moasha import MultiObjectiveASHA
 from search.run.oom import OOM_RETRIES, OomRetry
@@ -48,7 +48,7 @@ from search.run.signals import Termination
 from search.run.stall import StallWatch
 from search.run.stopping import FIRST, FailFast, RunStopper, UnreadKeys
 from search.run.worker import run_trial
-from search.spec.derive import asha_milestones
+from search.specs.derive import asha_milestones
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -57,9 +57,9 @@ if TYPE_CHECKING:
     from ray.tune import Callback, Stopper
     from ray.tune.experiment import Trial
 
-    from search.run.data import SharedData
+    from search.compute.data import SharedData
     from search.run.options import RunOptions
-    from search.spec.schema import StudySpec
+    from search.specs.schema import StudySpec
 
 
 def fit(

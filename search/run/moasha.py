@@ -25,7 +25,7 @@ import numpy as np
 from ray.tune.schedulers import FIFOScheduler, TrialScheduler
 
 from search.record.pareto import rank_keys
-from search.spec.derive import ray_milestones, rung_epoch
+from search.specs.derive import ray_milestones, rung_epoch
 
 if TYPE_CHECKING:
     from ray.tune.experiment import Trial

@@ -23,14 +23,14 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from search.compute.cluster import init_ray, use_cluster_token
+from search.compute.data import DataError, loader_function
 from search.errors import SearchError
 from search.record.storage import expand, redact, with_driver
-from search.run.cluster import init_ray, use_cluster_token
-from search.run.data import DataError, loader_function
-from search.spec.knobs import check_builtin_knobs, check_user_trainable
+from search.specs.knobs import check_builtin_knobs, check_user_trainable
 
 if TYPE_CHECKING:
-    from search.spec.schema import StudySpec
+    from search.specs.schema import StudySpec
 
 TIMEOUT_S = 5.0
 """How long a check waits for a server (database, Ray) to answer."""
@@ -277,7 +277,7 @@ def check_run(
     given (so a refused token also fails here, in one line). A built-in's knobs are checked
     here, which imports nothing; a user's trainable is imported here, before Ray starts, and
     its knobs and shape checked (a function that returns instead of yielding), so that such a
-    mistake costs no Ray start (:func:`search.spec.knobs.check_user_trainable`)."""
+    mistake costs no Ray start (:func:`search.specs.knobs.check_user_trainable`)."""
     if not check_builtin_knobs(spec, source):
         check_user_trainable(spec, source)
     check_data(spec, data_field)

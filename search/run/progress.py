@@ -30,8 +30,8 @@ from rich.live import Live
 from rich.markup import escape
 from rich.text import Text
 
-from search.record.fate import EPOCH
 from search.run import terminal
+from search.run.fate import EPOCH
 
 if TYPE_CHECKING:
     from ray.tune.experiment import Trial

@@ -11,6 +11,8 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
+from search.compute.cluster import init_ray, local_ray_processes
+from search.compute.data import load_data, share
 from search.record.lease import StudyLease, new_run_id
 from search.record.mlflow_runs import TrialRun
 from search.record.processes import mark
@@ -20,19 +22,17 @@ from search.record.storage import redact
 from search.record.study import open_study, record_spec
 from search.record.tracking import Tracker, track
 from search.record.warm import earlier_study, import_trials
-from search.run.cluster import init_ray, local_ray_processes
-from search.run.data import load_data, share
 from search.run.fit import fit
 from search.run.options import RunOptions, RunSummary
 from search.run.signals import Termination
-from search.spec.knobs import check_builtin_knobs, check_user_trainable
+from search.specs.knobs import check_builtin_knobs, check_user_trainable
 
 if TYPE_CHECKING:
     import optuna
 
     from search.contract import Dataset
     from search.run.bridge import Outcome
-    from search.spec.schema import StudySpec
+    from search.specs.schema import StudySpec
 
 
 def run_study(spec: StudySpec, options: RunOptions = RunOptions()) -> RunSummary:

@@ -14,12 +14,12 @@ from typing import TYPE_CHECKING, Any
 from ray.tune.schedulers import AsyncHyperBandScheduler, FIFOScheduler, TrialScheduler
 
 from search.run.moasha import MultiObjectiveASHA
-from search.spec.derive import rung_epoch
+from search.specs.derive import rung_epoch
 
 if TYPE_CHECKING:
     from ray.tune.experiment import Trial
 
-    from search.spec.schema import StudySpec
+    from search.specs.schema import StudySpec
 
 TIME_ATTR = "training_iteration"
 """ASHA counts epochs: the runner reports exactly once per epoch."""

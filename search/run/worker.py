@@ -25,9 +25,12 @@ from typing import TYPE_CHECKING, Any
 from search.compute.distributed import data_parallel
 from search.compute.job import TrialJob, trial_context
 from search.compute.limits import apply_limits
-from search.contract import RESERVED_PREFIX, ConfigError, TrialContext, declarations, drive
+from search.contract import RESERVED_PREFIX, TrialContext, declarations, drive
+from search.contract.driver import NOT_RETRIED
 from search.contract.reads import ReadConfig
-from search.record.fate import (
+from search.errors import error_summary
+from search.run.death import exit_noted
+from search.run.fate import (
     CODE_ERROR,
     DEVICE,
     DROPPED,
@@ -44,9 +47,7 @@ from search.record.fate import (
     SEED,
     TRACEBACK,
     UNREAD,
-    error_summary,
 )
-from search.run.death import exit_noted
 from search.run.output import captured
 
 if TYPE_CHECKING:
@@ -148,19 +149,6 @@ def _failed(metric: str, metrics: Mapping[str, Any], reason: str) -> dict[str, A
     if metric and not isinstance(metrics.get(metric), float):
         added.update({metric: math.nan, NO_VALUE: True, CODE_ERROR: True})
     return added
-
-
-NOT_RETRIED = (
-    TypeError,
-    KeyError,
-    NameError,
-    AttributeError,
-    ImportError,
-    SyntaxError,
-    ConfigError,
-)
-"""Errors of a trainable's code that fail the same way every time: the trial fails at once,
-with its traceback written beside it, and is not retried (Tune retries whatever raises)."""
 
 
 def _log_dir(ctx: TrialContext) -> str:

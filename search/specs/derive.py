@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from search.spec.schema import StudySpec
+    from search.specs.schema import StudySpec
 
 
 def one_trial_spec(
@@ -90,7 +90,7 @@ def incompatible_change(stored: Mapping[str, Any], spec: StudySpec) -> str | Non
     of a study it would resume, as ``field: was X, now Y``; ``None`` when it may resume.
 
     Example:
-        >>> from search.spec.schema import parse_spec
+        >>> from search.specs.schema import parse_spec
         >>> old = {"study": "s", "trainable": "search.testing:curve",
         ...        "objective": {"metric": "val_accuracy", "mode": "max"}}
         >>> new = parse_spec({**old, "budget": {"trials": 64}})  # more trials: fine

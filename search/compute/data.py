@@ -8,11 +8,10 @@ from typing import TYPE_CHECKING, Any
 from search.contract import UnknownTrainableError
 from search.contract.dataset import image_folder, load_digits
 from search.contract.registry import resolve_function
-from search.errors import SearchError
-from search.record.fate import error_summary
+from search.errors import SearchError, error_summary
 
 if TYPE_CHECKING:
-    from search.spec.schema import DataSpec
+    from search.specs.schema import DataSpec
 
 
 class DataError(SearchError):
@@ -43,7 +42,7 @@ def share(data: Any) -> SharedData:
 
 
 def load_data(spec: DataSpec) -> Any:
-    """Loads the data a validated :class:`~search.spec.schema.DataSpec` names: a built-in
+    """Loads the data a validated :class:`~search.specs.schema.DataSpec` names: a built-in
     :class:`Dataset`, whatever the spec's ``loader`` returns (called once, here), or ``None``
     (``name: none``: the trainable loads its own).
 

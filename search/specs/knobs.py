@@ -19,7 +19,7 @@ from search.contract import BUILTIN_KNOBS, UnknownTrainableError, declarations, 
 from search.errors import SearchError
 
 if TYPE_CHECKING:
-    from search.spec.schema import StudySpec
+    from search.specs.schema import StudySpec
 
 
 class KnobError(SearchError):
@@ -67,13 +67,13 @@ def check_user_trainable(spec: StudySpec, source: str = "spec") -> None:
         KnobError: One line naming the file and the trainable.
 
     Example:
-        >>> from search.spec.schema import parse_spec
+        >>> from search.specs.schema import parse_spec
         >>> spec = parse_spec({"study": "s", "trainable": "search.testing:returns_dict",
         ...                    "objective": {"metric": "val_accuracy", "mode": "max"}})
         >>> check_user_trainable(spec, "s.yaml")
         Traceback (most recent call last):
         ...
-        search.spec.knobs.KnobError: s.yaml: trainable `search.testing:returns_dict` must yield ...
+        search.specs.knobs.KnobError: s.yaml: trainable `search.testing:returns_dict` must yield ...
     """
     check_knobs(spec, source)
     if declarations(spec.trainable).returns:
@@ -89,7 +89,7 @@ def check_builtin_knobs(spec: StudySpec, source: str = "spec") -> bool:
     whose check imports its module.
 
     Example:
-        >>> from search.spec.schema import parse_spec
+        >>> from search.specs.schema import parse_spec
         >>> spec = parse_spec({"study": "s", "trainable": "search.testing:curve",
         ...                    "objective": {"metric": "val_accuracy", "mode": "max"}})
         >>> check_builtin_knobs(spec)

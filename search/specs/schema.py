@@ -31,8 +31,8 @@ from pydantic import (
 
 from search.contract import BUILTIN, UnknownTrainableError, check_trainable
 from search.errors import SpecError, did_you_mean
-from search.spec.pinned import PINNED
-from search.spec.space import Param, check_config, check_space, grid
+from search.specs.pinned import PINNED
+from search.specs.space import Param, check_config, check_space, grid
 
 DEFAULT_STORAGE = "sqlite:///results/optuna.db"
 _FIELD_PREFIX = re.compile(r"^[A-Za-z_][\w.]*: ")
