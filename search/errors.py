@@ -5,16 +5,45 @@ from __future__ import annotations
 import difflib
 import errno
 from collections.abc import Iterable
+from typing import Literal
 
 
-def one_line(text: str) -> str:
-    r"""``text`` with line breaks and other unprintable characters escaped: one console line.
+def one_line(
+    what: BaseException | str,
+    limit: int | None = None,
+    where: Literal["all", "first", "last"] = "all",
+) -> str:
+    r"""``what`` (a text, or an exception's ``str()``) as one console line.
+
+    The one way an error becomes a line of a message, a log or a trial's ``fail_reason``.
+
+    Args:
+        what: The text, or the exception whose text it is.
+        limit: The most characters kept (the line is cut there); ``None`` keeps all.
+        where: Which of its lines: ``"all"`` (every line, the breaks escaped), ``"first"``
+            (a message's headline), or ``"last"`` (the last that is not blank, stripped: where
+            a traceback or a wrapped error says what went wrong).
+
+    Returns:
+        The line, line breaks and other unprintable characters escaped, at most ``limit`` long.
 
     Example:
         >>> print(one_line("bad\nkey\r"))
         bad\nkey\r
+        >>> one_line(ValueError("no such table: trials\n[SQL: SELECT 1]"), where="first")
+        'no such table: trials'
+        >>> one_line("Traceback (most recent call last):\n  ...\nKeyError: 'lr'\n\n", where="last")
+        "KeyError: 'lr'"
+        >>> one_line("x" * 500, limit=5), one_line("", where="first"), one_line(" ", where="last")
+        ('xxxxx', '', '')
     """
-    return "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in text)
+    text = str(what)
+    if where == "first":
+        text = next(iter(text.splitlines()), "")
+    elif where == "last":
+        text = next((line.strip() for line in reversed(text.splitlines()) if line.strip()), "")
+    text = "".join(ch if ch.isprintable() else repr(ch)[1:-1] for ch in text)
+    return text if limit is None else text[:limit]
 
 
 def closest(given: str, known: Iterable[str]) -> str | None:
@@ -145,6 +174,5 @@ def error_summary(error: BaseException | None) -> str:
     while cause is not None and getattr(cause, "cause", None) is not None:
         cause = cause.cause
     exc = cause if isinstance(cause, BaseException) else error
-    lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
-    text = lines[-1] if lines else ""
+    text = one_line(exc, where="last")
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__

@@ -20,6 +20,7 @@ from search.compute.job import TrialJob, trial_context, trial_job
 from search.compute.limits import prepare
 from search.compute.placement import Measurement
 from search.contract import drive
+from search.errors import one_line
 from search.specs.space import is_active, order
 
 if TYPE_CHECKING:
@@ -125,6 +126,6 @@ def measure(spec: StudySpec, data: Any) -> Measurement | None:
     except Exception as exc:  # a failed measurement must not fail the study
         _log.warning(
             "gpus_per_trial auto: measuring the largest config failed (%s); one trial per GPU",
-            str(exc).splitlines()[0] if str(exc) else exc,
+            one_line(exc, where="first"),
         )
         return None

@@ -82,8 +82,7 @@ def _listing(folder: Path) -> str:
 
 
 def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip() or type(exc).__name__
-    return one_line(text.splitlines()[0])[:300]
+    return one_line(str(exc).strip() or type(exc).__name__, limit=300, where="first")
 
 
 def _session(path: Path) -> Any:

@@ -73,7 +73,7 @@ def onnx_against_keras(folder: Path) -> dict[str, float]:
             expected = np.asarray(model.predict(batch, verbose=0))
             diff = max(diff, float(np.abs(got - expected).max()))
     except Exception as exc:  # onnxruntime's and Keras' own exceptions
-        raise ValueError(f"model.onnx vs model.keras: {one_line(str(exc))[:300]}") from None
+        raise ValueError(f"model.onnx vs model.keras: {one_line(exc, limit=300)}") from None
     found["onnx_max_abs_diff"] = diff
     if labels is not None and got.ndim == 2 and got.shape[1] > 1:
         found["onnx_val_accuracy"] = float((got.argmax(1) == labels).mean())

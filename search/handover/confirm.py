@@ -157,7 +157,7 @@ def _confirm_task(
                 device="cuda" if gpu_ids else "cpu",
             )
         except Exception as exc:  # the run fails, the export goes on with the others
-            run.fail_reason = f"{type(exc).__name__}: {one_line(str(exc))}"[:500]
+            run.fail_reason = one_line(f"{type(exc).__name__}: {exc}", limit=500)
             run.retriable = not isinstance(exc, NOT_RETRIED)
     run.seconds = time.monotonic() - start
     return run
@@ -301,8 +301,7 @@ def _result(ref: Any, number: int, seed: int) -> ConfirmRun:
         run: ConfirmRun = ray.get(ref)
     except Exception as exc:
         cause = getattr(exc, "cause", None) or exc
-        last = (str(cause).strip().splitlines() or [""])[-1]
-        reason = f"{type(cause).__name__}: {one_line(last)[:300]}"
+        reason = f"{type(cause).__name__}: {one_line(str(cause), limit=300, where='last')}"
         return ConfirmRun(number, seed, fail_reason=reason, retriable=True)
     return run
 

@@ -123,7 +123,7 @@ def preflight(target: Target) -> None:
     try:
         quiet_client(target.real).search_registered_models(max_results=1)
     except Exception as exc:  # any failure to reach or read it
-        why = scrub(str(getattr(exc, "message", exc)), target.uri)[:300]
+        why = one_line(scrub(str(getattr(exc, "message", exc)), target.uri), limit=300)
         raise RegistryError(
             f"--mlflow {target.shown}: cannot use the MLflow registry ({why})"
         ) from None
@@ -220,7 +220,7 @@ def register_bundle(folder: Path, target: Target, log: Any = print) -> str:
     try:
         return _register(folder, target, log)
     except MlflowException as exc:
-        why = scrub(str(exc.message), target.uri)[:300]
+        why = one_line(scrub(str(exc.message), target.uri), limit=300)
         raise RegistryError(
             f"--mlflow {target.shown}: registering {folder} failed ({why})"
         ) from None

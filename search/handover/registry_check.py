@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from search.contract.inputs import read_inputs
+from search.errors import one_line
 from search.handover import check
 from search.handover.bundle import TOLERANCE
 from search.handover.registry import BUNDLE_ARTIFACTS, RegistryError, Target, quiet_client, scrub
@@ -59,7 +60,7 @@ def check_registered(model_uri: str, target: Target) -> list[str]:
             run_id=version.run_id, artifact_path=BUNDLE_ARTIFACTS, dst_path=str(folder)
         )
     except Exception as exc:
-        why = scrub(str(getattr(exc, "message", exc)), target.uri)[:300]
+        why = one_line(scrub(str(getattr(exc, "message", exc)), target.uri), limit=300)
         raise RegistryError(f"{model_uri} in {target.shown}: cannot load it ({why})") from None
     return _score(model_uri, version, model, folder / BUNDLE_ARTIFACTS)
 

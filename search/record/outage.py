@@ -119,14 +119,14 @@ class Outage:
                 _log.warning(
                     "the study's database stopped answering (%s); trying again for up to "
                     "%.0f s while the trials go on",
-                    one_line(str(causes(exc)[-1]))[:200],
+                    one_line(causes(exc)[-1], limit=200),
                     self.limit_s,
                 )
             left = self.limit_s - (now - self._since)
             if left <= 0 and self.gave_up is None:
                 self.gave_up = (
                     f"the study's database did not answer for {self.limit_s:.0f} s "
-                    f"({one_line(str(causes(exc)[-1]))[:200]}); the run stopped; the same "
+                    f"({one_line(causes(exc)[-1], limit=200)}); the run stopped; the same "
                     "command continues the study once it answers (SEARCH_STORAGE_OUTAGE_S "
                     "sets how long a run waits)"
                 )

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from search.errors import one_line
 from search.record.folders import study_folder
 from search.record.mlflow_runs import StudyRuns, TrialRun, study_key
 from search.record.queries import EPOCHS_FILE as EPOCHS
@@ -138,11 +139,8 @@ class Tracker:
             return f"MLflow tracking: {self._total} writes logged to {shown}"
         trials = [w.run.number for w in self._lost + list(self._pending) if w.run is not None]
         which = f", trials {_numbers(trials)} among them" if trials else ""
-        why = (
-            f"server {shown} unreachable"
-            if self._down
-            else f"{shown}: {self._reason[:200] or f'not done within {CLOSE_WAIT_S:g} s'}"
-        )
+        reason = one_line(self._reason, limit=200) or f"not done within {CLOSE_WAIT_S:g} s"
+        why = f"server {shown} unreachable" if self._down else f"{shown}: {reason}"
         return f"MLflow tracking: {lost} of {self._total} writes not logged{which} ({why})"
 
     def _loop(self) -> None:

@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from search.errors import one_line
 from search.specs.derive import asha_milestones
 
 if TYPE_CHECKING:
@@ -312,7 +313,7 @@ def attempt(make: Callable[[], Any]) -> Any:
             warnings.simplefilter("ignore")
             return make()
     except Exception as exc:  # too few trials for this figure, say
-        return f"not drawn: {type(exc).__name__}: {exc}".splitlines()[0]
+        return one_line(f"not drawn: {type(exc).__name__}: {exc}", where="first")
     finally:
         optuna_log.setLevel(level)
 

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from search.compute.cluster import init_ray, use_cluster_token
 from search.compute.data import DataError, loader_function
-from search.errors import SearchError
+from search.errors import SearchError, one_line
 from search.record.storage import expand, redact, with_driver
 from search.specs.knobs import check_builtin_knobs, check_user_trainable
 
@@ -51,8 +51,7 @@ def _reason(exc: BaseException, *secrets: str) -> str:
     for secret in secrets:
         if secret:
             text = text.replace(secret, "***")
-    line = " ".join(text.splitlines()[0].split()) if text else type(orig).__name__
-    return line[:200]
+    return one_line(" ".join(one_line(text, where="first").split()), limit=200)
 
 
 def check_storage(url: str, field: str = "storage", timeout_s: float = TIMEOUT_S) -> None:
