@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from search.contract import declarations
 from search.handover.train import ExportError
 from search.record.queries import pareto_trials
-from search.specs.schema import parse_spec
+from search.record.study import stored_spec as read_stored_spec
 
 if TYPE_CHECKING:
     import optuna
@@ -44,8 +44,8 @@ def stored_spec(study: optuna.Study, storage: str) -> StudySpec:
     Raises:
         ExportError: When the study holds no spec (it was not created by ``search run``).
     """
-    data = study.user_attrs.get("spec")
-    if not isinstance(data, dict):
+    spec = read_stored_spec(study, storage, find_code=True)
+    if spec is None:
         raise ExportError(
             f"study {study.study_name!r} has no spec (user attribute 'spec'); "
             "only studies made by 'python -m search run' can be exported"
@@ -55,7 +55,7 @@ def stored_spec(study: optuna.Study, storage: str) -> StudySpec:
                 else " (a run that failed before its first trial leaves such a study: run it again)"
             )
         )
-    return parse_spec({**data, "storage": storage}, f"study {study.study_name!r}: spec")
+    return spec
 
 
 def candidates(study: optuna.Study, top_k: int) -> list[Candidate]:

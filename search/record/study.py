@@ -15,6 +15,7 @@ from search.record.lease import StudyLease
 from search.record.samplers import SAMPLER, build_sampler, describe
 from search.record.storage import open_storage, redact, redacted_spec
 from search.specs.derive import incompatible_change
+from search.specs.schema import parse_spec
 
 if TYPE_CHECKING:
     from search.specs.schema import StudySpec
@@ -147,6 +148,31 @@ def record_spec(study: optuna.Study, spec: StudySpec) -> None:
         history.append({"at": datetime.now(UTC).isoformat(timespec="seconds"), "changed": changed})
         study.set_user_attr("spec_history", history)
     study.set_user_attr("spec", new)
+
+
+def stored_spec(
+    study: optuna.Study, storage: str | None = None, *, find_code: bool = False
+) -> StudySpec | None:
+    """The spec ``search run`` recorded on ``study`` (:func:`record_spec`), typed.
+
+    Args:
+        study: The study.
+        storage: The real storage URL, in place of the redacted one stored; ``None`` keeps that.
+        find_code: Whether to check that its trainable's module can be found (``export``
+            does; reading a study to show it imports none of its code).
+
+    Returns:
+        The spec, or ``None`` when the study holds none (it was not made by ``search run``).
+
+    Raises:
+        SpecError: When the stored spec is not one this version reads.
+    """
+    data = study.user_attrs.get("spec")
+    if not isinstance(data, dict):
+        return None
+    if storage is not None:
+        data = {**data, "storage": storage}
+    return parse_spec(data, f"study {study.study_name!r}: spec", find_code=find_code)
 
 
 def load_study(name: str, storage_url: str) -> optuna.Study:

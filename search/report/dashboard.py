@@ -76,7 +76,7 @@ def study_note(study: optuna.Study) -> str:
         "",
         f"**{_best_line(study, states['COMPLETE'] > 0)}**",
     ]
-    spec = study.user_attrs.get("spec")
+    spec = study.user_attrs.get("spec")  # shown as stored, even one this version cannot read
     if isinstance(spec, dict):
         lines += ["", "### Spec", "", "```yaml", spec_yaml(spec), "```"]
     return "\n".join(lines) + "\n"

@@ -22,12 +22,15 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from search.errors import one_line
+from search.errors import SpecError, one_line
+from search.record.study import stored_spec
 from search.specs.derive import asha_milestones
 
 if TYPE_CHECKING:
     import optuna
     import plotly.graph_objects as go
+
+    from search.specs.schema import StudySpec
 
 FIGURES: tuple[tuple[str, str], ...] = (
     ("optimization-history", "Optimization history"),
@@ -121,22 +124,29 @@ def subset(study: optuna.Study, numbers: set[int]) -> optuna.Study:
     return part
 
 
-def spec_of(study: optuna.Study) -> dict[str, Any]:
-    """The spec stored on the study (``{}`` when it has none)."""
-    spec = study.user_attrs.get("spec")
-    return spec if isinstance(spec, dict) else {}
+def spec_of(study: optuna.Study) -> StudySpec | None:
+    """The spec stored on the study, typed; ``None`` when it has none, or one this version
+    does not read (a report shows what it can of such a study)."""
+    try:
+        return stored_spec(study)
+    except SpecError:
+        return None
+
+
+def metric_of(study: optuna.Study) -> str:
+    """The name of the study's (primary) objective, ``value`` when its spec is unknown."""
+    spec = spec_of(study)
+    return spec.primary.metric if spec else "value"
 
 
 def milestones(study: optuna.Study) -> list[int]:
     """ASHA's milestone epochs below ``max_epochs`` (empty when ASHA was off)."""
     spec = spec_of(study)
-    asha, budget = spec.get("asha", {}), spec.get("budget", {})
-    if not asha.get("enabled", False) or not budget.get("max_epochs"):
+    if spec is None or not spec.asha.enabled:
         return []
+    asha = spec.asha
     return asha_milestones(
-        float(asha.get("grace_period", 1)),
-        float(asha.get("reduction_factor", 3)),
-        int(budget["max_epochs"]),
+        float(asha.grace_period), float(asha.reduction_factor), spec.budget.max_epochs
     )
 
 
@@ -204,7 +214,7 @@ def learning_curves(study: optuna.Study) -> go.Figure:
             annotation_text=f"rung {m}",
             annotation_position="top",
         )
-    metric = spec_of(study).get("objective", {}).get("metric", "value")
+    metric = metric_of(study)
     fig.update_layout(
         xaxis_title="epoch",
         yaxis_title=metric,

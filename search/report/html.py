@@ -36,6 +36,8 @@ from search.report.pngs import start_pngs
 if TYPE_CHECKING:
     import optuna
 
+    from search.specs.schema import StudySpec
+
 
 @dataclass(frozen=True)
 class Summary:
@@ -124,8 +126,8 @@ def summarize(study: optuna.Study) -> Summary:
     """Counts, compute spent and what ASHA saved (PRUNED trials' missing epochs)."""
     trials = study.get_trials(deepcopy=False)
     states = [t.state.name for t in trials]
-    spec_budget = spec_of(study).get("budget", {})
-    max_epochs = int(spec_budget.get("max_epochs") or max((_epochs(t) for t in trials), default=0))
+    spec = spec_of(study)
+    max_epochs = spec.budget.max_epochs if spec else max((_epochs(t) for t in trials), default=0)
     saved_epochs, saved_seconds = 0, 0.0
     for t in trials:
         if t.state.name == "PRUNED":
@@ -151,20 +153,21 @@ def summarize(study: optuna.Study) -> Summary:
         wall_seconds=wall,
         best_value=best.value if best else None,
         best_trial=best.number if best else None,
-        device_budget=_device_budget(spec_of(study)),
+        device_budget=_device_budget(spec),
     )
 
 
-def _device_budget(spec: dict[str, Any]) -> tuple[str, float, float] | None:
+def _device_budget(spec: StudySpec | None) -> tuple[str, float, float] | None:
     """``(unit, devices a trial holds, hours)`` of the stored spec's ``gpu_hours`` or
     ``cpu_hours`` (``None`` without one, or when ``gpus_per_trial`` is ``auto``)."""
-    budget, resources = spec.get("budget", {}), spec.get("resources", {})
-    if budget.get("gpu_hours"):
-        gpus = resources.get("gpus_per_trial")
-        return ("GPU", float(gpus), float(budget["gpu_hours"])) if gpus != "auto" else None
-    if budget.get("cpu_hours"):
-        cpus = float(resources.get("cpus_per_trial") or 1.0)
-        return ("CPU", cpus, float(budget["cpu_hours"]))
+    if spec is None:
+        return None
+    budget, resources = spec.budget, spec.resources
+    if budget.gpu_hours:
+        gpus = resources.gpus_per_trial
+        return ("GPU", float(gpus), budget.gpu_hours) if gpus != "auto" else None
+    if budget.cpu_hours:
+        return ("CPU", float(resources.cpus_per_trial or 1.0), budget.cpu_hours)
     return None
 
 
@@ -251,10 +254,12 @@ def render(
     """The whole page; plotly.js is embedded in the first figure, the others reuse it."""
     summary = summarize(study)
     spec = spec_of(study)
+    trainable = spec.trainable if spec else "?"
+    objective = ", ".join(f"{o.mode} {o.metric}" for o in spec.objectives) if spec else "?"
     parts = [
         f"<h1>Study {html.escape(study.study_name)}</h1>",
-        f"<p class='muted'>trainable {html.escape(str(spec.get('trainable', '?')))}, "
-        f"objective {html.escape(str(spec.get('objective', {})))}; generated "
+        f"<p class='muted'>trainable {html.escape(trainable)}, "
+        f"objective {html.escape(objective)}; generated "
         f"{datetime.now().strftime('%Y-%m-%d %H:%M')}</p>",
         "<h2>Summary</h2>",
         _table(summary.rows()),

@@ -22,9 +22,9 @@ from search.report.figures import (
     attempt,
     curve_trials,
     latest,
+    metric_of,
     milestones,
     primary_target,
-    spec_of,
     subset,
     too_few_for_importances,
 )
@@ -135,7 +135,7 @@ def _png_learning_curves(study: optuna.Study) -> Any:
     for m in milestones(study):
         ax.axvline(m, color="black", alpha=0.2, linestyle=":")
     ax.set_xlabel("epoch")
-    ax.set_ylabel(spec_of(study).get("objective", {}).get("metric", "value"))
+    ax.set_ylabel(metric_of(study))
     ax.set_title("Learning curves: complete solid, pruned grey dotted, failed red" + note)
     if 1 < len(ax.get_lines()) <= LEGEND_LIMIT:
         legend(

@@ -322,7 +322,9 @@ class StudySpec(_Strict):
 
     @field_validator("trainable")
     @classmethod
-    def _known_trainable(cls, value: str) -> str:
+    def _known_trainable(cls, value: str, info: ValidationInfo) -> str:
+        if info.context and not info.context.get("find_code", True):
+            return value  # a stored spec read back: its code is not looked up
         try:
             check_trainable(value)
         except UnknownTrainableError as exc:
@@ -484,8 +486,14 @@ def _non_finite(data: Any, path: str = "") -> tuple[str, float] | None:
     return None
 
 
-def parse_spec(data: Any, source: str = "<spec>") -> StudySpec:
+def parse_spec(data: Any, source: str = "<spec>", *, find_code: bool = True) -> StudySpec:
     """Validates already-loaded spec data.
+
+    Args:
+        data: The spec as YAML or JSON loads it.
+        source: Where it came from, for the error line.
+        find_code: Whether to check that the trainable's module can be found (which imports
+            its parent package); a stored spec read back only to be shown does not.
 
     Raises:
         SpecError: One line naming ``source``, the field and what was expected.
@@ -503,7 +511,7 @@ def parse_spec(data: Any, source: str = "<spec>") -> StudySpec:
     if bad is not None:
         raise SpecError(source, bad[0], f"expected a finite number, got {bad[1]}")
     try:
-        return StudySpec.model_validate(data)
+        return StudySpec.model_validate(data, context={"find_code": find_code})
     except ValidationError as exc:
         loc, msg = _error_line(exc)
         raise SpecError(source, loc, msg) from None
