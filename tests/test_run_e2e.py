@@ -193,7 +193,7 @@ def test_time_limit_stops_trials_and_records_them_truthfully(
         base_spec(
             tmp_path,
             study="clock",
-            budget={"trials": 4, "max_epochs": 100, "time_limit_s": 7},
+            budget={"trials": 4, "max_epochs": 100, "time_limit_s": 12},
             asha={"enabled": False},
             fixed={"sleep": 0.3},
         )
@@ -205,7 +205,7 @@ def test_time_limit_stops_trials_and_records_them_truthfully(
         epochs = t.user_attrs["epochs"]
         if t.state.name == "PRUNED":
             assert t.user_attrs["stopped_by"] == "time limit" and 0 < epochs < 100
-        else:  # nothing trains 100 epochs of 0.3 s in 7 s, so nothing else can be COMPLETE
+        else:  # nothing trains 100 epochs of 0.3 s in 12 s, so nothing else can be COMPLETE
             assert t.state.name == "FAIL" and epochs == 0, (t.number, t.state.name, epochs)
             assert t.user_attrs["fail_reason"] == "ended before its first epoch (time limit)"
     assert any(t.state.name == "PRUNED" for t in trials)
