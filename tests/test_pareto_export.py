@@ -259,7 +259,8 @@ def test_pick_exports_the_chosen_point_as_a_plain_export(
         log=lines.append,
     )
     assert result.chosen.source_trial == expected and len(result.rows) == 1
-    assert lines[0].startswith(f"--pick 'latency_ms<{slowest}': trial {expected} (")
+    assert lines[0].startswith("importing trainable search.testing:curve")  # the stored spec's
+    assert lines[1].startswith(f"--pick 'latency_ms<{slowest}': trial {expected} (")
     saved = json.loads((tmp_path / "e" / "metrics.json").read_text())
     assert saved["chosen"]["source_trial"] == expected
     assert saved["objectives"] == TWO
@@ -280,7 +281,8 @@ def test_plain_export_of_a_multi_objective_study_takes_the_fronts_best_and_says_
         "mo", spec.storage, tmp_path / "e", top_k=1, seeds=1, results_dir=tmp_path, log=lines.append
     )
     assert result.chosen.source_trial == best
-    assert lines[0] == (
+    assert lines[0].startswith("importing trainable search.testing:curve")
+    assert lines[1] == (
         "study 'mo' has 2 objectives (val_accuracy, latency_ms): exporting the Pareto front's "
         "best on val_accuracy; --pareto exports every point of the front, --pick "
         "'latency_ms<...' chooses one by a constraint"
