@@ -17,7 +17,7 @@ import pytest
 
 from search.record import lease as lease_module
 from search.record.lease import StudyBusyError, StudyLease, held
-from search.record.processes import RUN_ENV, named, stop
+from search.record.processes import RUN_ENV, named, started_by, stop
 from tests.conftest import REPO, base_spec, write_spec
 
 pytestmark = pytest.mark.slow  # over 5 s here: make test-fast leaves it out
@@ -203,6 +203,9 @@ time.sleep(600)
 def test_stop_kills_a_recorded_process_and_never_a_pid_that_another_process_holds() -> None:
     sleeper = subprocess.Popen(["sleep", "120"], env={**os.environ, RUN_ENV: "mine"})
     try:
+        deadline = time.monotonic() + 10  # /proc shows the new environment once exec is done
+        while not started_by(sleeper.pid, "mine") and time.monotonic() < deadline:
+            time.sleep(0.05)
         (recorded,) = named([sleeper.pid])
         reused = [recorded[0], str(int(recorded[1]) + 1)]  # the pid, started at another time
         assert stop([reused], "mine") == 0
