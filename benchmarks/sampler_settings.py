@@ -48,6 +48,10 @@ from benchmarks.tables import SPACES, TASKS, Table, load, log_regret, space  # n
 OUT = REPO / "results" / "benchmarks" / "sampler_settings"
 SEQUENTIAL = "optuna-tpe"
 """Optuna's own TPE, one trial at a time: the reference (its K is always 1)."""
+PEER = "optuna-parallel"
+"""Optuna's own TPE (``TPESampler(seed=...)``, Optuna's defaults: multivariate, the constant
+liar) at K at once: in this simulation, what stock Ray Tune (``OptunaSearch`` +
+``ConcurrencyLimiter(K)``) and Optuna's ``study.optimize(n_jobs=K)`` both ask."""
 SETTINGS: dict[str, dict[str, Any]] = {
     "startup-8": {"n_startup_trials": 8},  # the project's TPE before issue 22
     "optuna-default": {"group": False, "n_startup_trials": 10},
@@ -75,6 +79,7 @@ CONTENDERS: dict[str, tuple[str, dict[str, Any]]] = {
     "tpe": ("tpe", {}),
     "random": ("random", {}),
     SEQUENTIAL: ("optuna", {}),
+    PEER: ("optuna", {}),
     **{name: ("tpe", args) for name, args in SETTINGS.items()},
 }
 """Each contender: the spec's ``sampler.name`` (``optuna``: Optuna's ``TPESampler``) and

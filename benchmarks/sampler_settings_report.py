@@ -8,6 +8,10 @@ Per space of the tables, three tables:
   Optuna's TPE one trial at a time, the reference);
 - per contender, on how many tables that median is within :data:`WITHIN` decades of
   sequential TPE's at the same trial count (or better);
+- per contender, on how many tables its median is below (better than) that of Optuna's own
+  TPE at the same K (``optuna-parallel``: ``TPESampler()`` with Optuna's defaults, as stock
+  Ray Tune's ``OptunaSearch`` + ``ConcurrencyLimiter(K)`` and ``study.optimize(n_jobs=K)``
+  ask it), when the files hold that peer;
 - the simulated wall time to reach sequential TPE's median 100-trial regret, per table: the
   speed-up against sequential TPE's own time to it (the median over seeds of each, the lower
   middle one for an even count; ``never`` when that seed never gets there).
@@ -26,7 +30,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from benchmarks.sampler_settings import OUT, SEQUENTIAL
+from benchmarks.sampler_settings import OUT, PEER, SEQUENTIAL
 from benchmarks.tables import TASKS
 
 MARKS = (25, 50, 100, 200, 400)
@@ -133,6 +137,21 @@ def _within_table(med: dict[Key, dict[int, float]], tasks: list[str], who: list[
     return lines
 
 
+def _peer_table(med: dict[Key, dict[int, float]], tasks: list[str], who: list[str]) -> list[str]:
+    lines = [f"| contender (tables better than {PEER} at its K) | "]
+    lines[0] += " | ".join(f"@{m}" for m in MARKS) + " |"
+    lines.append("|---|" + "---:|" * len(MARKS))
+    for w in [w for w in who if w != SEQUENTIAL and not w.startswith(f"{PEER} ")]:
+        peer, cells = f"{PEER} {w.split(' ')[-1]}", []
+        for m in MARKS:
+            both = [t for t in tasks if m in med.get((t, w), {}) and m in med.get((t, peer), {})]
+            better = sum(med[(t, w)][m] < med[(t, peer)][m] for t in both)
+            cells.append(f"{better}/{len(both)}" if both else "-")
+        if any(c != "-" for c in cells):
+            lines.append(f"| {w} | " + " | ".join(cells) + " |")
+    return lines
+
+
 def _speedup_table(speed: dict[Key, float], tasks: list[str], who: list[str]) -> list[str]:
     lines = ["| contender | " + " | ".join(t.split("/")[1] for t in tasks) + " | median | >= 8x |"]
     lines.append("|---|" + "---:|" * (len(tasks) + 2))
@@ -173,6 +192,9 @@ def report(runs: list[dict[str, Any]]) -> str:
         out += _regret_table(med, tasks, who)
         out += ["", f"### Tables within {WITHIN} decades of sequential TPE, same trials", ""]
         out += _within_table(med, tasks, who)
+        if any(w.startswith(f"{PEER} ") for w in who):
+            out += ["", f"### Tables better than Optuna's own TPE at the same K ({PEER})", ""]
+            out += _peer_table(med, tasks, who)
         out += [
             "",
             f"### Simulated wall time to sequential TPE's median {TARGET_AT}-trial regret: "
