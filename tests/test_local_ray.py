@@ -3,12 +3,15 @@ behind the results that no freed Ray object can interrupt."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO
+from search.record.study import load_study
+from tests.conftest import REPO, base_spec, write_spec
 
 pytestmark = [pytest.mark.slow]
 
@@ -101,3 +104,24 @@ def test_ray_stops_behind_the_results_after_its_garbage_is_freed(
     )
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.split() == ["[True]", "True", "True", "False"]
+
+
+def test_a_local_ray_that_cannot_start_is_one_line_and_leaves_no_trial(tmp_path: Path) -> None:
+    """A real start failure: Ray's temp folder (``RAY_TMPDIR``) is a file, so the folder Ray
+    makes under it cannot be made. Before, ``run`` ended in Ray's traceback and exit 1."""
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("")
+    spec = write_spec(
+        tmp_path / "s.yaml", base_spec(tmp_path, budget={"trials": 1, "max_epochs": 1})
+    )
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}  # its own local Ray
+    done = subprocess.run(
+        [sys.executable, "-m", "search", "run", str(spec), "--results", str(tmp_path / "r")],
+        cwd=REPO, capture_output=True, text=True, timeout=180, env={**env, "RAY_TMPDIR": str(blocker)},
+    )  # fmt: skip
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 2, done.stderr[-3000:]
+    assert len(lines) == 1 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    assert lines[0].startswith("error: Ray could not start on this machine (NotADirectoryError")
+    assert f"Ray's temp folder {blocker}/ray (RAY_TMPDIR" in lines[0]
+    assert load_study("t", base_spec(tmp_path)["storage"]).trials == []  # the lease let go too

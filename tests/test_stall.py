@@ -19,7 +19,7 @@ from search.errors import SpecError
 from search.record.study import load_study
 from search.run.bridge import OptunaBridge
 from search.run.runner import RunOptions, run_study
-from search.run.stall import FLOOR_S, MULTIPLE, EpochTimes, StallWatch, stall_limit
+from search.run.stall import FLOOR_S, GRACE_S, MULTIPLE, EpochTimes, StallWatch, stall_limit
 from search.specs.derive import incompatible_change
 from search.specs.schema import parse_spec
 from tests.conftest import base_spec
@@ -156,3 +156,29 @@ def test_with_a_time_limit_the_hung_trial_is_recorded_stalled_not_pruned(
     trials = _hung_run(tmp_path, one_slot=False, time_limit_s=120)
     assert trials and all(t.state.is_finished() for t in trials)
     _assert_stalled(trials[0])
+
+
+@pytest.mark.ray
+def test_a_hung_trial_ends_within_seconds_of_the_time_limit(
+    ray_local: None, tmp_path: Path
+) -> None:
+    """Tune stops the trials at the time limit, but its stop waits for the epoch in progress
+    and kills a trial's process only 10 s later (a hung trial ended that long past the limit);
+    the record's own timestamps bound how long the hung trial held on after the limit."""
+    limit = 5.0
+    spec = parse_spec(
+        base_spec(
+            tmp_path,
+            budget={"trials": 1, "max_epochs": 3, "time_limit_s": limit},
+            asha={"enabled": False},
+            fixed=HANG,  # the stall rule (auto: at least FLOOR_S) is far off
+        )
+    )
+    run_study(spec, RunOptions(results_dir=tmp_path / "results", progress=False))
+    [trial] = load_study("t", spec.storage).trials
+    assert trial.state == TrialState.PRUNED and trial.user_attrs["epochs"] == 1
+    assert trial.user_attrs["stopped_by"] == "time limit"
+    assert trial.datetime_start is not None and trial.datetime_complete is not None
+    # the trial starts after the run's clock does: this bounds what it held past the limit
+    held = (trial.datetime_complete - trial.datetime_start).total_seconds()
+    assert held <= limit + GRACE_S + 3.0, held

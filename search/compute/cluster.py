@@ -9,6 +9,9 @@ Tune and records while its Ray still answers (:mod:`search.run.signals`); in the
 group, Ray's processes died first, and Tune's clean-up waited out its timeout for the gone
 GCS and ended the process with status 1, no summary. They still die with the driver: Ray binds
 them to it (``PR_SET_PDEATHSIG``), and the driver stops them when it ends.
+
+A local Ray that fails to start (its temp folder unwritable or full, its processes not up in
+time on a loaded machine) is one line, :class:`RayStartError`, with what it started stopped.
 """
 
 from __future__ import annotations
@@ -20,6 +23,8 @@ import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+
+from search.errors import SearchError, disk_full, one_line
 
 # Tune's per-trial CSV/JSON/TensorBoard loggers cost time on every result and duplicate what
 # the Optuna study records; Tune would also chdir each trial into its own folder, which breaks
@@ -106,9 +111,53 @@ def init_ray(address: str | None, num_cpus: int | None = None, num_gpus: int | N
     use_cluster_token(address)  # Ray 2.60 clusters want RAY_AUTH_MODE=token from drivers
     if address is None:  # a local Ray that turned token auth on says so: news to nobody
         logging.getLogger(_AUTH_LOGGER).addFilter(_quiet_token_enabled)
+    local = address in (None, "local")
     with own_process_group() if address is None else contextlib.nullcontext():
-        _start(address, num_cpus, num_gpus)
-    return address in (None, "local")
+        try:
+            _start(address, num_cpus, num_gpus)
+        except Exception as exc:
+            if local:
+                with contextlib.suppress(Exception):
+                    ray.shutdown()  # the processes it started before it failed
+            if not local or disk_full(exc) is not None:  # --address, a full disk: their line
+                raise
+            raise RayStartError(start_failed(exc, _ray_temp())) from None
+    return local
+
+
+class RayStartError(SearchError):
+    """The local Ray a command starts did not start."""
+
+
+def start_failed(exc: BaseException, temp: str) -> str:
+    """The one line for a local Ray that did not start: why, and what to do.
+
+    Args:
+        exc: What ``ray.init`` raised.
+        temp: Ray's temp folder on this machine.
+
+    Example:
+        >>> start_failed(NotADirectoryError(20, "Not a directory", "/f/ray"), "/f/ray")
+        "Ray could not start on this machine (NotADirectoryError: [Errno 20] Not a directory: \
+'/f/ray'): check the free memory and the space in Ray's temp folder /f/ray (RAY_TMPDIR sets \
+where it goes), then run the same command again, or join a running Ray cluster with --address"
+    """
+    reason = f"{type(exc).__name__}: {one_line(exc, limit=300, where='last')}"
+    return (
+        f"Ray could not start on this machine ({reason}): check the free memory and the space "
+        f"in Ray's temp folder {temp} (RAY_TMPDIR sets where it goes), then run the same "
+        "command again, or join a running Ray cluster with --address"
+    )
+
+
+def _ray_temp() -> str:
+    """The folder a local Ray writes its sockets, logs and spilled objects under."""
+    try:
+        from ray._common.utils import get_default_ray_temp_dir
+
+        return str(get_default_ray_temp_dir())
+    except (ImportError, AttributeError):  # Ray moved it
+        return os.path.join(os.environ.get("RAY_TMPDIR", "/tmp"), "ray")
 
 
 def _start(address: str | None, num_cpus: int | None, num_gpus: int | None) -> None:

@@ -45,7 +45,7 @@ from search.run.output import attach_output
 from search.run.progress import ProgressCallback
 from search.run.scheduler import PruneReportingASHA, build_scheduler
 from search.run.signals import Termination
-from search.run.stall import StallWatch
+from search.run.stall import StallWatch, StopStragglers
 from search.run.stopping import FIRST, FailFast, RunStopper, UnreadKeys
 from search.run.worker import run_trial
 from search.specs.derive import asha_milestones
@@ -139,8 +139,16 @@ def fit(
 
     stopper = RunStopper(spec.budget.time_limit_s, bridge.mark_interrupted, abort)
     meter = _device_budget(spec, placement, bridge)
+    stragglers = StopStragglers(lambda: stopper.stopped or meter.exhausted)
     tuner = _tuner(
-        spec, options, bridge, placement, data, CombinedStopper(stopper, meter), budget, fault
+        spec,
+        options,
+        bridge,
+        placement,
+        data,
+        CombinedStopper(stopper, meter),
+        budget,
+        [ErrorCallback(bridge, fault), stragglers],
     )
     try:
         # SIGTERM, Ctrl-C (search/run/signals.py), a full disk: the run stops. The trials
@@ -216,10 +224,10 @@ def _tuner(
     data: SharedData,
     stopper: Stopper,
     budget: int,
-    fault: DiskFault,
+    watchers: list[Callback],
 ) -> Any:
     """The Tune ``Tuner``: the trainable with its resources, ASHA (rungs refilled on a resume),
-    the bridge as searcher, retries, and our callbacks."""
+    the bridge as searcher, retries, and our callbacks (``watchers`` first)."""
     from ray import tune
     from ray.tune.search import ConcurrencyLimiter
 
@@ -251,7 +259,7 @@ def _tuner(
             name=spec.study,
             storage_path=str((options.results_dir / "ray").resolve()),
             callbacks=[
-                ErrorCallback(bridge, fault),
+                *watchers,
                 StallWatch(spec.faults.stall_s, bridge.mark_stalled),
                 *([OomRetry()] if packed else []),
                 *_progress(spec, bridge, options),

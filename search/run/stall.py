@@ -12,11 +12,19 @@ The silence of a trial is counted from its last result, or from its (re)start be
 epoch. A trial silent longer than :func:`stall_limit` is recorded FAIL with a reason that says
 how long (``stalled: no epoch for 62 s (median epoch 0.4 s)``), not retried and not counted as
 its code's error; its actor is killed, so the next trial starts in its place.
+
+When the whole run stops (its time limit, a signal, a takeover, a fail-fast verdict), Tune asks
+each running trial to stop, which its process does only once its epoch in progress ends, and
+kills it only 10 s after that, at the end of the run: a hung trial held the run that long past
+its time limit. :class:`StopStragglers` kills the processes of the trials still alive
+:data:`GRACE_S` after the run stopped.
 """
 
 from __future__ import annotations
 
 import bisect
+import contextlib
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -31,6 +39,8 @@ MULTIPLE = 10.0
 """Under ``faults.stall_s: auto``, how many median epochs of silence make a trial hung."""
 FLOOR_S = 60.0
 """Under ``auto``, the least silence that makes a trial hung, however short its epochs."""
+GRACE_S = 2.0
+"""How long the trials still running when the run stops have to end before they are killed."""
 
 
 @dataclass
@@ -168,3 +178,54 @@ def _kill(trial: Trial) -> None:
     actor = trial.temporary_state.ray_actor
     if actor is not None:
         ray.kill(actor, no_restart=True)
+
+
+class StopStragglers(Callback):
+    """Kills the processes of the trials that still run :data:`GRACE_S` after the run
+    stopped (a Tune callback; module docstring).
+
+    Args:
+        stopped: Says whether the run has stopped (its stoppers said so).
+        grace_s: How long the trials have to end by themselves.
+    """
+
+    def __init__(self, stopped: Callable[[], bool], grace_s: float = GRACE_S) -> None:
+        self._stopped = stopped
+        self._grace_s = grace_s
+        self._actors: dict[str, Any] = {}  # trial id -> the actor of a running trial
+        self._armed = False
+
+    def __getstate__(self) -> dict[str, Any]:  # Ray pickles callbacks: actor handles stay
+        return {**self.__dict__, "_actors": {}}
+
+    def on_trial_start(
+        self, iteration: int, trials: list[Trial], trial: Trial, **info: Any
+    ) -> None:
+        if trial.temporary_state.ray_actor is not None:
+            self._actors[trial.trial_id] = trial.temporary_state.ray_actor
+
+    def on_step_begin(self, iteration: int, trials: list[Trial], **info: Any) -> None:
+        # Tune forgets a trial's actor as it asks it to stop: the running ones, kept now
+        self._actors = {
+            t.trial_id: t.temporary_state.ray_actor
+            for t in trials
+            if t.status == t.RUNNING and t.temporary_state.ray_actor is not None
+        }
+
+    def on_step_end(self, iteration: int, trials: list[Trial], **info: Any) -> None:
+        if self._armed or not self._stopped():
+            return
+        self._armed = True
+        actors = list(self._actors.values())
+        timer = threading.Timer(self._grace_s, _kill_actors, args=(actors,))
+        timer.daemon = True  # the run may end before it fires
+        timer.start()
+
+
+def _kill_actors(actors: list[Any]) -> None:
+    """Kills each actor (one that already ended costs nothing); Tune then counts it stopped."""
+    import ray
+
+    for actor in actors:
+        with contextlib.suppress(Exception):  # Ray shut down, or the actor is gone
+            ray.kill(actor, no_restart=True)

@@ -166,6 +166,8 @@ class RunStopper(Stopper):
         self._on_stop = on_stop
         self._abort = abort
         self._seen: dict[str, Any] = {}  # trial id -> the last iteration it reported
+        self.stopped = False
+        """Whether :meth:`stop_all` has stopped the run."""
 
     @property
     def expired(self) -> bool:
@@ -184,4 +186,5 @@ class RunStopper(Stopper):
         return True
 
     def stop_all(self) -> bool:
-        return self.expired or self._abort() is not None
+        self.stopped = self.stopped or self.expired or self._abort() is not None
+        return self.stopped
