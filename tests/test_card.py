@@ -202,7 +202,12 @@ def test_environment_records_the_projects_commit_and_the_datas_fingerprint(
     assert "project git none (not a git checkout)" in text.splitlines()
     assert 'data loader tabular_user.data:load {"rows": 4}' in text
     assert "data x_train float32 (4, 3), y_train int64 (4,), x_val float32 (2, 3)" in text
-    digest = re.search(r"^data sha256 ([0-9a-f]{64})$", text, re.M)
+    digest = re.search(
+        r"^data fingerprint sha256:([0-9a-f]{64}) \(x_train, y_train, x_val, y_val as loaded: "
+        r"names, dtypes, shapes and bytes\)$",
+        text,
+        re.M,
+    )
     assert digest is not None
 
     root = tmp_path / "pkg"
@@ -214,7 +219,7 @@ def test_environment_records_the_projects_commit_and_the_datas_fingerprint(
     changed = Dataset(x + 1, data.y_train, data.x_val, data.y_val, 2, "rows")
     again = environment(user_package, changed, spec)
     assert f"project git {head.strip()} ({root.resolve()})" in again
-    assert digest.group(1) not in again and "data sha256 " in again
+    assert digest.group(1) not in again and "data fingerprint sha256:" in again
 
 
 def test_a_loaders_dict_is_fingerprinted_like_a_dataset() -> None:

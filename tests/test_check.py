@@ -318,8 +318,13 @@ def test_a_shipped_subset_is_compared_with_the_framework_on_the_same_rows(
     assert lines[-1] == "OK: model.onnx reproduces the exported validation accuracy"
 
     write_inputs(bundle, {"x": x[:2]}, validation=(x[right], y[right]))  # no reference
-    with pytest.raises(BundleCheckFailed, match="metrics.json says"):
+    with pytest.raises(BundleCheckFailed, match="metrics.json says") as failed:
         check_bundle(bundle)
+    assert str(failed.value).endswith(
+        " (on the whole validation split); if validation.npz holds only some of its rows, give "
+        "the framework's accuracy on exactly those rows: search.write_inputs(..., "
+        "validation=(x, labels), validation_accuracy=...)"
+    )
 
 
 SERVE = """

@@ -32,6 +32,21 @@ def reads_alpha(config, data, ctx):
         yield {"val_accuracy": 1.0 - abs(alpha - 0.3) + 0.01 * epoch}
 
 
+DEFAULTS = {"alpha": 0.1, "beta": 0.5, "gamma": 1.0}
+
+
+def merges_defaults(config, data, ctx):
+    cfg = {**DEFAULTS, **config}
+    for epoch in range(ctx.start_epoch, ctx.max_epochs + 1):
+        yield {"val_accuracy": 1.0 - abs(cfg["alpha"] - 0.3) + 0.01 * epoch}
+
+
+def merges_and_reads_all(config, data, ctx):
+    cfg = DEFAULTS | config
+    for epoch in range(ctx.start_epoch, ctx.max_epochs + 1):
+        yield {"val_accuracy": cfg["alpha"] * cfg["beta"] + 0.01 * epoch}
+
+
 def misnamed(config, data, ctx):
     for epoch in range(ctx.start_epoch, ctx.max_epochs + 1):
         yield {"accuracy": config["alpha"] * epoch}
@@ -129,6 +144,40 @@ def test_a_space_key_a_plain_function_never_reads_stops_the_run_after_one_trial(
     # one trial at a time (budget 6): the run stopped after the first, the next one at most cut
     assert len(trials) <= 2, [(t.number, t.state.name) for t in trials]
     assert not any(w in proc.stderr + proc.stdout for w in WARNINGS), proc.stderr[-3000:]
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("joins_session_ray")
+def test_a_space_key_a_trainable_merging_its_defaults_never_reads_stops_the_run(
+    tmp_path: Path,
+) -> None:
+    """``cfg = {**DEFAULTS, **config}`` reads the config in bulk: ``gamma``, a default the
+    code never reads, is still named after the first trial (issue 35)."""
+    space = {"alpha": {"uniform": [0.1, 1.0]}, "gamma": {"uniform": [0.1, 1.0]}}
+    spec = _spec(tmp_path, "merges_defaults", space=space)
+    proc = _cli(tmp_path, "run", str(spec))
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert proc.stderr.strip().splitlines()[-1] == (
+        f"error: {spec}: space key 'gamma' is never read by trainable usermod:merges_defaults "
+        "(remove it, or give it a when: if only some configs read it); fix it and run again "
+        "(the run stopped early, before its budget)"
+    )
+    assert len(_trials(tmp_path, "merges_defaults")) <= 2
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("joins_session_ray")
+def test_a_trainable_merging_its_defaults_that_reads_every_key_runs_its_budget(
+    tmp_path: Path,
+) -> None:
+    space = {"alpha": {"uniform": [0.1, 1.0]}, "beta": {"uniform": [0.1, 1.0]}}
+    spec = _spec(
+        tmp_path, "merges_and_reads_all", space=space, budget={"trials": 3, "max_epochs": 1}
+    )
+    proc = _cli(tmp_path, "run", str(spec))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    states = [t.state.name for t in _trials(tmp_path, "merges_and_reads_all")]
+    assert states == ["COMPLETE"] * 3
 
 
 @pytest.mark.slow

@@ -9,14 +9,19 @@ a trainable a :class:`ReadConfig` instead of a plain ``dict``, and reports what 
 A key counts as read when the trainable asks for it by name (``config["lr"]``,
 ``config.get("lr")``, ``"lr" in config``, ``setdefault``, ``pop``). Reading the config in bulk
 (iterating it, ``items()``, ``keys()``, ``values()``, ``dict(config)``, ``{**config}``,
-``f(**config)``, ``copy()``, ``json.dumps``) counts as reading every key: what it was copied
-into cannot be followed, and a key is never called unread when the trainable may have read it.
+``f(**config)``, ``copy()``, ``json.dumps``; the merges of defaults ``{**DEFAULTS, **config}``,
+``dict(DEFAULTS, **config)`` and ``DEFAULTS | config``) cannot be followed into what it was
+copied into: after one, a key not asked for by name counts as read when the trainable's code
+names it anywhere a read could (``names``, from :func:`search.contract.named.code_names`), so
+a dead knob of a trainable that merges its defaults is still found.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
+
+from search.contract.named import is_named
 
 if TYPE_CHECKING:
     from _collections_abc import dict_items, dict_keys, dict_values
@@ -31,21 +36,31 @@ class ReadConfig(dict[str, Any]):
         (0.1, 1.0)
         >>> config.unread(), config.missed()
         (['alpah'], ['beta'])
-        >>> merged = {**config}  # a bulk read: every key may have been read
-        >>> config.unread()
-        []
+        >>> merged = {**config}  # a bulk read: every key may have been read...
+        >>> config.unread(), config.unread(names=frozenset({"beta"}))  # ...or the code names it
+        ([], ['alpah'])
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._asked: set[Any] = set()
         self._bulk = False
+        self._copying: set[Any] = set()  # keys a bulk copy is about to get, not asked by name
 
-    def unread(self) -> list[str]:
-        """The keys held and never asked for, sorted (none after a bulk read)."""
-        if self._bulk:
+    @property
+    def bulk(self) -> bool:
+        """Whether the config was read in bulk (iterated, copied, merged into another dict)."""
+        return self._bulk
+
+    def unread(self, names: frozenset[str] | None = None) -> list[str]:
+        """The keys held and never asked for, sorted. After a bulk read, those of them that
+        ``names`` (the names the trainable's code reads by) does not hold; none without it."""
+        if self._bulk and names is None:
             return []
-        return sorted(str(k) for k in dict.keys(self) if k not in self._asked)
+        never = (k for k in dict.keys(self) if k not in self._asked)
+        if self._bulk:
+            never = (k for k in never if not is_named(str(k), names or frozenset()))
+        return sorted(str(k) for k in never)
 
     def missed(self) -> list[str]:
         """The keys asked for that the config does not hold, sorted."""
@@ -54,8 +69,17 @@ class ReadConfig(dict[str, Any]):
     def _all(self) -> None:
         self._bulk = True
 
+    def _copy(self) -> None:
+        """A bulk read that gets each key next (``{**config}``, ``dict(D, **config)``, a loop
+        over the keys): those gets are the copy's, not reads by name."""
+        self._all()
+        self._copying = set(dict.keys(self))
+
     def __getitem__(self, key: Any) -> Any:
-        self._asked.add(key)
+        if key in self._copying:
+            self._copying.discard(key)
+        else:
+            self._asked.add(key)
         return super().__getitem__(key)
 
     def get(self, key: Any, default: Any = None) -> Any:
@@ -78,11 +102,11 @@ class ReadConfig(dict[str, Any]):
     # ``f(**config)`` go through ``keys()`` (CPython copies a dict subclass that keeps
     # dict's own ``__iter__`` without calling any of its methods).
     def __iter__(self) -> Iterator[Any]:
-        self._all()
+        self._copy()
         return super().__iter__()
 
     def keys(self) -> dict_keys[str, Any]:
-        self._all()
+        self._copy()
         return super().keys()
 
     def items(self) -> dict_items[str, Any]:

@@ -19,10 +19,12 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from search.handover import card, compare
+from search.contract import BUILTIN
+from search.errors import SearchError, one_line
+from search.handover import card, check, compare
 from search.handover.candidates import resolved_config
 from search.handover.confirm import ConfirmRun, Row, median_seed, shortfall
-from search.handover.lineage import frameworks
+from search.handover.lineage import data_fingerprint, frameworks
 from search.handover.train import Log, train_spec
 from search.record.storage import redact
 from search.record.study import CONFIRM_FILE
@@ -164,11 +166,30 @@ def _write_files(
     """``metrics.json``, ``environment.txt``, ``learning_curves.png`` and ``MODEL_CARD.md``."""
     spec = session.spec
     (out / "metrics.json").write_text(json.dumps(metrics, indent=2, default=str) + "\n")
+    if spec.trainable not in BUILTIN and (out / "model.onnx").is_file():  # built-ins check theirs
+        metrics = {**metrics, "onnx_check": _onnx_check(out, session.log)}
+        (out / "metrics.json").write_text(json.dumps(metrics, indent=2, default=str) + "\n")
     (out / "environment.txt").write_text(card.environment(spec.trainable, session.data, spec.data))
     history = metrics["final_history"]
     card.learning_curves(out / "learning_curves.png", runs, chosen, history, spec.primary.metric)
     text = card.model_card(session.study, spec, metrics, out)
     (out / "MODEL_CARD.md").write_text(text + (f"\n{card_note}" if card_note else ""))
+
+
+def _onnx_check(out: Path, log: Log) -> dict[str, Any]:
+    """``python -m search check`` on the bundle just written (onnxruntime alone, as a user
+    would run it): ``{"verdict": ..., "lines": [...]}`` for ``metrics.json`` and the card; a
+    mismatch, or a bundle it cannot check, is also logged."""
+    try:
+        lines = check.check_bundle(out)
+        verdict = lines[-1] if lines else "OK"
+    except check.BundleCheckFailed as exc:
+        lines, verdict = exc.lines, f"MISMATCH: {one_line(exc)}"
+    except SearchError as exc:
+        lines, verdict = [], f"not checked: {one_line(exc)}"
+    if not verdict.startswith("OK"):
+        log(f"warning: search check {out}: {verdict}")
+    return {"verdict": verdict, "lines": lines}
 
 
 def _config_header(session: Session, chosen: Row, seed: int, final: Mapping[str, float]) -> str:
@@ -213,4 +234,5 @@ def _metrics(
         "final_history": list(history),
         "export_seconds": round(seconds, 1),
         "frameworks": frameworks(),  # imported by the final model's training, just done
+        **({} if session.data is None else {"data_fingerprint": data_fingerprint(session.data)}),
     }

@@ -226,10 +226,15 @@ def _input_lines(declared: Declared | None, problem: str) -> list[str]:
 
 
 def _inputs(
-    out: Path, final: Mapping[str, Any], builtin: bool = True, declared: Declared | None = None
+    out: Path,
+    final: Mapping[str, Any],
+    builtin: bool = True,
+    declared: Declared | None = None,
+    checked: Mapping[str, Any] | None = None,
 ) -> list[str]:
     """The ``Files`` lines of the model files: the built-in hooks' words for a built-in
-    trainable, the declared inputs (or "not checked") for any other."""
+    trainable, the declared inputs (or "not checked") for any other, with what export's run
+    of ``search check`` (``checked``: ``metrics.json``'s ``onnx_check``) found."""
     scale = final.get("input_scale")
     onnx = declared.inputs if declared is not None and declared.model == "model.onnx" else ()
     names = ", ".join(f"`{t.name}`" for t in onnx)
@@ -248,15 +253,17 @@ def _inputs(
         else:
             what = f"input {names}" if names else "inputs as its graph declares them"
             diff = final.get("onnx_max_abs_diff")
-            checked = (
+            compared = (
                 "compared with the training framework (by the hook, or by export reloading "
                 f"`model.keras`): largest absolute difference {_number(diff, '.2e')}"
                 if _number(diff) != NOT_CHECKED
+                else "its outputs not compared with the training framework's"
+                if checked
                 else "compared with the training framework: not checked"
             )
             lines.append(
-                f"- `model.onnx`: {what} (see the inputs below); {checked}; validation accuracy "
-                f"with onnxruntime {_number(final.get('onnx_val_accuracy'))}."
+                f"- `model.onnx`: {what} (see the inputs below); {compared}; "
+                + _onnx_check(final, checked)
             )
         lines.append(
             "  `python -m search check .` (or `python scripts/check_onnx.py .`) runs it with "
@@ -301,6 +308,28 @@ def _frameworks(metrics: Mapping[str, Any]) -> str:
     return ", ".join(metrics.get("frameworks") or []) or "none of the known ones"
 
 
+def _onnx_check(final: Mapping[str, Any], checked: Mapping[str, Any] | None) -> str:
+    """The accuracy part of the ``model.onnx`` line: what export's ``search check`` compared
+    (the ONNX model's validation accuracy with the framework's) and its verdict; without it,
+    the hook's ``onnx_val_accuracy``."""
+    if not checked:
+        return f"validation accuracy with onnxruntime {_number(final.get('onnx_val_accuracy'))}."
+    lines = [str(line) for line in checked.get("lines") or []]
+    compared = next((x for x in lines if " vs " in x or x.startswith("validation accuracy")), "")
+    found = f"`{compared}`; " if compared else ""
+    return f"export ran `python -m search check` on it: {found}{checked.get('verdict', '')}."
+
+
+def _fingerprint(metrics: Mapping[str, Any]) -> str:
+    """The data's fingerprint (``metrics.json``'s ``data_fingerprint``), or nothing."""
+    found = metrics.get("data_fingerprint")
+    if not found:
+        return ""
+    return (
+        f"\n  Data fingerprint: `{found}` (the registry's `search.data_fingerprint` is the same)."
+    )
+
+
 def _short(metrics: Mapping[str, Any]) -> str:
     """A paragraph when fewer confirmation runs ended with a value than were asked for."""
     line = metrics.get("confirmation_shortfall")
@@ -329,7 +358,8 @@ def model_card(study: optuna.Study, spec: StudySpec, metrics: Mapping[str, Any],
     seeds = metrics["seeds"]
     builtin = spec.trainable in BUILTIN
     declared, problem = _declared(out)
-    files = _inputs(out, final, builtin, declared) + _input_lines(declared, problem)
+    checked = metrics.get("onnx_check")
+    files = _inputs(out, final, builtin, declared, checked) + _input_lines(declared, problem)
     what = (
         f"A `{spec.trainable}` model for `{spec.data.name}` classification"
         if builtin
@@ -380,8 +410,8 @@ hyperparameter study `{spec.study}` ({summary.trials} trials), confirmed with
 {chr(10).join(files)}
 - `metrics.json`: the confirmation table, the final metrics and the final run's curve.
 - `environment.txt`: Python, packages, git commits (this tool's and the trainable's
-  project), CPU and GPU, the data's loader and fingerprint (shapes, dtypes, sha256), and
-  the frameworks the final model was trained with: {_frameworks(metrics)}.
+  project), CPU and GPU, the data's loader and fingerprint, and
+  the frameworks the final model was trained with: {_frameworks(metrics)}.{_fingerprint(metrics)}
 
 ## How it was chosen
 

@@ -314,6 +314,18 @@ def _not_classes(scores: np.ndarray, labels: np.ndarray) -> str:
     return ""
 
 
+def _subset_hint(declared: Declared | None, source: str) -> str:
+    """Where shipped validation rows were compared with ``metrics.json``'s accuracy on the
+    whole split: the fix when they are a subset of it; '' otherwise."""
+    if declared is None or declared.validation in (None, DATASET) or source != "metrics.json":
+        return ""
+    return (
+        f" (on the whole validation split); if {declared.validation} holds only some of its "
+        "rows, give the framework's accuracy on exactly those rows: "
+        "search.write_inputs(..., validation=(x, labels), validation_accuracy=...)"
+    )
+
+
 def no_onnx(folder: Path) -> str:
     """The one line for a bundle without ``model.onnx``: how its export hook writes one (a
     Keras model's first, when the bundle holds one)."""
@@ -452,7 +464,8 @@ def check_bundle(folder: str | Path) -> list[str]:
     )
     if diff > allowed:
         raise BundleCheckFailed(
-            f"model.onnx scores {accuracy:.4f} on {what}, {source} says {exported:.4f}",
+            f"model.onnx scores {accuracy:.4f} on {what}, {source} says {exported:.4f}"
+            + _subset_hint(declared, source),
             lines,
         )
     lines.append("OK: model.onnx reproduces the exported validation accuracy")

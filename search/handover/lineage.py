@@ -7,11 +7,14 @@ made *from*:
     project git 3f2a... (/home/me/proj, with uncommitted changes)
     data loader myproj.data:load {"path": "data.csv", "rows": 500}
     data x_train float32 (400, 30), y_train int64 (400,), x_val float32 (100, 30), ...
-    data sha256 9b1c...
+    data fingerprint sha256:9b1c... (x_train, y_train, x_val, y_val as loaded: names, ...)
     frameworks torch 2.14.1, lightning 2.6.0, torchmetrics 1.9.0
 
 The project is the git checkout holding the trainable's module file (``not a git checkout``
-when there is none); the hash covers the four arrays' dtypes, shapes and bytes, in order.
+when there is none). The data's fingerprint (:func:`data_fingerprint`) says what it covers:
+the arrays the loader returned, as loaded, with their names, dtypes, shapes and bytes, in
+order. It is the one fingerprint of a bundle: ``metrics.json``'s ``data_fingerprint``, the
+model card and the registry's ``search.data_fingerprint`` hold the same string.
 The frameworks are those of :data:`FRAMEWORKS` that the process writing the bundle imported:
 ``export`` trains the final model in it, so they are the ones its trainable used (and that
 ``metrics.json``, the model card and the registry's ``search.frameworks`` name).
@@ -102,7 +105,7 @@ def project_commit(trainable: str) -> str:
 
 
 def fingerprint(data: Any) -> tuple[str, str]:
-    """``(shapes, sha256)``: each array's dtype and shape, and one hash over them all.
+    """``(shapes, fingerprint)``: each array's dtype and shape, and :func:`data_fingerprint`.
 
     ``data`` is a :class:`~search.contract.Dataset` or what a loader returned: a mapping (the
     examples' dicts) or an object with those attributes; arrays it lacks are left out.
@@ -110,16 +113,29 @@ def fingerprint(data: Any) -> tuple[str, str]:
     import numpy as np
 
     digest = hashlib.sha256()
-    parts = []
+    parts, names = [], []
     for name in ARRAYS:
         found = data.get(name) if isinstance(data, Mapping) else getattr(data, name, None)
         if found is None:
             continue
         array = np.ascontiguousarray(found)
         parts.append(f"{name} {array.dtype} {tuple(array.shape)}")
+        names.append(name)
         digest.update(f"{name}|{array.dtype.str}|{array.shape}|".encode())
         digest.update(array.tobytes())
-    return ", ".join(parts), digest.hexdigest()
+    covers = f"{', '.join(names) or 'no arrays'} as loaded: names, dtypes, shapes and bytes"
+    return ", ".join(parts), f"sha256:{digest.hexdigest()} ({covers})"
+
+
+def data_fingerprint(data: Any) -> str:
+    """The data's one fingerprint, saying what it covers (module docstring).
+
+    Example:
+        >>> import numpy as np
+        >>> print(data_fingerprint({"x_val": np.zeros(2, np.float32), "y_val": np.ones(2)}))
+        sha256:... (x_val, y_val as loaded: names, dtypes, shapes and bytes)
+    """
+    return fingerprint(data)[1]
 
 
 def data_lines(data: Dataset | None, spec: DataSpec | None) -> list[str]:
@@ -135,7 +151,7 @@ def data_lines(data: Dataset | None, spec: DataSpec | None) -> list[str]:
         shapes, digest = fingerprint(data)
         path = getattr(data, "path", None)
         where = f" (read from {path} per trial)" if path else ""
-        lines += [f"data {shapes}{where}", f"data sha256 {digest}"]
+        lines += [f"data {shapes}{where}", f"data fingerprint {digest}"]
     return lines
 
 

@@ -130,13 +130,22 @@ def preflight(target: Target) -> None:
 
 
 def data_fingerprint(folder: Path, config: dict[str, Any]) -> str:
-    """A hash of the data declaration (and of ``validation.npz`` when shipped): two versions
-    were scored on the same validation data when their fingerprints agree."""
+    """The bundle's data fingerprint (``metrics.json``'s, :func:`search.handover.lineage.
+    data_fingerprint`: the same string as its card and ``environment.txt``); for a bundle that
+    records none (its trainable loads its own data), a hash of the data declaration and of
+    ``validation.npz``, saying so. Two versions were scored on the same validation data when
+    their fingerprints agree."""
+    try:
+        recorded = json.loads((folder / "metrics.json").read_text()).get("data_fingerprint")
+    except (OSError, ValueError, AttributeError):
+        recorded = None
+    if recorded:
+        return str(recorded)
     digest = hashlib.sha256(json.dumps(config.get("data") or {}, sort_keys=True).encode())
     npz = folder / "validation.npz"
     if npz.is_file():
         digest.update(npz.read_bytes())
-    return digest.hexdigest()[:16]
+    return f"sha256:{digest.hexdigest()} (config.yaml's data: and validation.npz)"
 
 
 def confirmed(metrics: dict[str, Any]) -> dict[str, dict[str, Any]]:

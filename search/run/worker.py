@@ -27,6 +27,7 @@ from search.compute.job import TrialJob, trial_context
 from search.compute.limits import apply_limits
 from search.contract import RESERVED_PREFIX, TrialContext, declarations, drive
 from search.contract.driver import NOT_RETRIED
+from search.contract.named import code_names
 from search.contract.reads import ReadConfig
 from search.errors import error_summary
 from search.run.death import exit_noted
@@ -206,7 +207,9 @@ def _run(
     """Drives one attempt of the trial; ``where`` goes into every report. ``log``: the
     trial's ``output.log``, beside which the other ranks of a data-parallel trial write.
     ``watch_reads`` (a plain function's trial, in one process): each report also says which
-    config keys it has not read yet (:mod:`search.contract.reads`)."""
+    config keys it has not read yet (:mod:`search.contract.reads`), or, once it read its
+    config in bulk (merged its defaults), which of those its code never names
+    (:mod:`search.contract.named`)."""
     from ray import tune
 
     if ctx.checkpoint_dir:  # the attempt starts: its first checkpoint comes every_s later
@@ -235,7 +238,8 @@ def _run(
                 if epoch.dropped:
                     report[DROPPED] = list(epoch.dropped)
                 if reads is not None:
-                    report.update({UNREAD: reads.unread(), MISSED: reads.missed()})
+                    named = code_names(train) if reads.bulk else None
+                    report.update({UNREAD: reads.unread(named), MISSED: reads.missed()})
                 if epoch.fail_reason:
                     report.update(_failed(job.metric, epoch.metrics, epoch.fail_reason))
                 checkpoint = (
