@@ -159,13 +159,26 @@ def test_mlflow_models_serve_answers_a_raw_row_with_its_class_name(
     x, _ = _table()
     raw = x[::4][:6]
     with served("models:/tumours@challenger", mlflow_server, tmp_path) as url:
-        answer = requests.post(
+        plain = requests.post(
             f"{url}/invocations", json={"inputs": {"x": raw.tolist()}}, timeout=60
         )
+        labels, logits = answers(url, {"x": raw})
+    assert plain.status_code == 200, plain.text
+    rows = plain.json()["predictions"]
+    assert [r["label"] for r in rows] == labels == _graph_labels(registered, raw)
+    assert all(abs(sum(r["probabilities"]) - 1) < 1e-6 for r in rows)
+    assert "logits" not in rows[0] and logits.shape == (6, 2)
+
+
+def answers(base_url: str, inputs: dict[str, np.ndarray]) -> tuple[list[Any], np.ndarray]:
+    """The labels and the logits a scoring server answers for ``inputs`` (raw rows)."""
+    import requests
+
+    body = {"inputs": {k: v.tolist() for k, v in inputs.items()}, "params": {"logits": True}}
+    answer = requests.post(f"{base_url}/invocations", json=body, timeout=60)
     assert answer.status_code == 200, answer.text
     rows = answer.json()["predictions"]
-    assert [r["label"] for r in rows] == _graph_labels(registered, raw)
-    assert all(abs(sum(r["probabilities"]) - 1) < 1e-6 for r in rows)
+    return [r["label"] for r in rows], np.asarray([r["logits"] for r in rows], dtype=np.float32)
 
 
 def _versions(uri: str, name: str) -> list[Any]:

@@ -37,7 +37,11 @@ LOGITS = "logits"
 
 def prepare(entry: dict[str, Any], raw: Any) -> np.ndarray:
     """Raw values as the graph takes them: ``(raw / scale - mean) / std``, each step only
-    when ``entry`` (an input of ``inputs.json``) declares it, in its dtype."""
+    when ``entry`` (an input of ``inputs.json``) declares it, in its dtype (the same steps as
+    ``search check``, written again here: this file imports nothing of ``search``)."""
+    dtype = entry.get("dtype") or "float32"
+    if not any(entry.get(k) is not None for k in ("scale", "mean", "std")):
+        return np.asarray(raw, dtype=dtype)  # token ids and other integers stay exact
     x = np.asarray(raw, dtype=np.float64)
     if entry.get("scale"):
         x = x / entry["scale"]
@@ -45,7 +49,7 @@ def prepare(entry: dict[str, Any], raw: Any) -> np.ndarray:
         x = x - np.asarray(entry["mean"])
     if entry.get("std") is not None:
         x = x / np.asarray(entry["std"])
-    return x.astype(entry.get("dtype") or "float32")
+    return x.astype(dtype)
 
 
 def probabilities(scores: np.ndarray) -> np.ndarray:
