@@ -349,6 +349,14 @@ def export(
             "than one standard error.",
         ),
     ] = False,
+    overwrite: Annotated[
+        bool,
+        typer.Option(
+            "--overwrite",
+            help="With --mlflow: retrain and replace the bundle already in the folder "
+            "(without it, export refuses; `register` registers that bundle as it is).",
+        ),
+    ] = False,
 ) -> None:
     """Confirm the top configs with fresh seeds, retrain the winner, write a model bundle."""
     from search.handover.export import export_study
@@ -360,6 +368,10 @@ def export(
     check_storage(storage, "--storage")
     log = functools.partial(console.print, markup=False)
     target = _registry(study, storage, mlflow, model_name, promote)
+    if target is not None:
+        from search.handover.register import export_folder, refuse_overwrite
+
+        refuse_overwrite(out or export_folder(results, study, pareto), overwrite)
     if pareto:
         front = export_pareto(study, storage, out, seeds, address, results, log)
         bundles = [p.bundle.out_dir for p in front.points if p.bundle is not None]
@@ -445,6 +457,39 @@ def train(
         )
         if diff > tolerance:
             raise typer.Exit(1)
+
+
+@app.command()
+@one_line_errors
+def register(
+    bundle: Annotated[Path, typer.Argument(help="An export bundle folder, as export wrote it.")],
+    mlflow: Annotated[
+        str,
+        typer.Option(
+            help="The MLflow registry: a server URL, sqlite:///mlflow.db or a folder; alias "
+            "challenger."
+        ),
+    ],
+    model_name: Annotated[
+        str | None, typer.Option(help="The registered model's name (default: the study's).")
+    ] = None,
+    promote: Annotated[
+        bool,
+        typer.Option(
+            "--promote",
+            help="Move alias champion to the new version when it beats the champion by more "
+            "than one standard error.",
+        ),
+    ] = False,
+) -> None:
+    """Register a bundle as it is, without retraining: check it, then log and register it.
+
+    The bundle check of `check` runs first; a bundle it rejects is refused (exit 2) and
+    nothing is registered."""
+    from search.handover.register import register_checked
+
+    log = functools.partial(console.print, markup=False)
+    register_checked(bundle, mlflow, model_name, promote, log)
 
 
 @app.command()

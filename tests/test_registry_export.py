@@ -23,11 +23,14 @@ import yaml
 from optuna.distributions import CategoricalDistribution, FloatDistribution
 from optuna.trial import TrialState, create_trial
 
+from search.contract.inputs import read_inputs
+from search.handover.mlflow_model import raw
 from search.record.study import confirm_storage, open_study, record_spec
 from search.specs.schema import parse_spec
-from tests.conftest import REPO, base_spec, free_port, invocations, served
+from tests.conftest import REPO, base_spec, free_port, served
 from tests.test_cli import _cli
 from tests.test_pareto_export import POINTS, built_study
+from tests.test_served_model import answers
 
 pytest.importorskip("mlflow")
 
@@ -189,13 +192,17 @@ def test_a_keras_winner_is_registered_and_served(mlflow_server: str, tmp_path: P
     noted = json.loads((out / "metrics.json").read_text())
     assert noted["registered_model"]["uri"] == "models:/wine-keras/1"
 
+    declared = read_inputs(out)
+    assert declared is not None
     session = ort.InferenceSession(str(out / "model.onnx"), providers=["CPUExecutionProvider"])
     name = session.get_inputs()[0].name
     with np.load(out / "validation.npz") as npz:
         x = np.asarray(npz[name], dtype=np.float32)[:5]
     expected = session.run(None, {name: x})[0]
     with served("models:/wine-keras@challenger", mlflow_server, tmp_path) as url:
-        got = invocations(url, {name: x})
-    np.testing.assert_allclose(got, expected, atol=1e-5)
+        labels, logits = answers(url, {name: raw(declared.inputs[0], x)})
+    np.testing.assert_allclose(logits, expected, atol=1e-5)
+    best = expected.argmax(1).tolist()
+    assert labels == ([declared.classes[i] for i in best] if declared.classes else best)
     confirms = confirm_storage(tmp_path / "r", "wine-keras")  # beside the study's results
     assert optuna.load_study(study_name="wine-keras-confirm", storage=confirms).trials

@@ -1,7 +1,7 @@
 """``export --mlflow`` against a real ``mlflow server`` (SQLite backend store, local artifact
 root, 127.0.0.1): a PyTorch bundle registered, promoted (and refused), loaded by alias with
-``check models:/...``, and served by ``mlflow models serve``, whose HTTP answers equal
-onnxruntime's on the bundle's ``model.onnx``."""
+``check models:/...``, and served by ``mlflow models serve``, whose HTTP answers (the class,
+and the logits when asked) equal onnxruntime's on the bundle's ``model.onnx``."""
 
 from __future__ import annotations
 
@@ -17,8 +17,9 @@ torch = pytest.importorskip("torch")
 from search.handover.registry import Target, register_bundle  # noqa: E402
 from search.handover.registry_check import check_registered  # noqa: E402
 from tests import test_check  # noqa: E402
-from tests.conftest import invocations, served  # noqa: E402
+from tests.conftest import served  # noqa: E402
 from tests.test_check import _bundle, _val  # noqa: E402
+from tests.test_served_model import answers  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.torch]
 onnx_file = test_check.onnx_file  # the tabular MLP in ONNX, and its PyTorch accuracy
@@ -82,5 +83,6 @@ def test_a_torch_winner_is_registered_promoted_checked_and_served(
     x, _ = _val()
     expected = ort.InferenceSession(str(onnx_file[0])).run(None, {"x": x[:5]})[0]
     with served("models:/tabular-mlp@champion", mlflow_server, tmp_path) as url:
-        got = invocations(url, {"x": x[:5]})
-    np.testing.assert_allclose(got, expected, atol=1e-5)
+        labels, logits = answers(url, {"x": x[:5]})
+    np.testing.assert_allclose(logits, expected, atol=1e-5)
+    assert labels == expected.argmax(1).tolist()  # no class names declared: their numbers

@@ -59,8 +59,8 @@ from search.handover.confirm import (
     run_confirmation,
 )
 from search.handover.pick import parse_constraints, pick_trial
+from search.handover.register import export_folder
 from search.handover.train import ExportError, Log, check_returns_model, no_hook, will_import
-from search.record.folders import study_folder
 from search.record.study import load_study
 from search.report.artifacts import attach_file
 from search.specs.schema import parse_spec
@@ -168,7 +168,7 @@ def export_study(
     start = time.monotonic()
     study = load_study(study_name, storage)
     spec = stored_spec(study, storage)
-    out = Path(out_dir) if out_dir else study_folder(results_dir, study.study_name) / "export"
+    out = Path(out_dir) if out_dir else export_folder(results_dir, study.study_name)
     log(will_import(spec, f"the spec stored in study {study_name!r}"))
     cands = _choose(study, spec, top_k, pick, log)
     session = open_session(study, spec, results_dir, seeds, address, log, start, cands[0])

@@ -33,8 +33,8 @@ from search.handover.candidates import candidates, stored_spec
 from search.handover.confirm import ConfirmRun, Row
 from search.handover.export import confirm_candidates, open_session
 from search.handover.pareto_index import ParetoPoint, write_index
+from search.handover.register import export_folder
 from search.handover.train import ExportError, Log, will_import
-from search.record.folders import study_folder
 from search.record.study import load_study
 from search.report.artifacts import attach_file
 
@@ -42,9 +42,6 @@ if TYPE_CHECKING:
     from collections.abc import Mapping, Sequence
 
     from search.handover.bundle import Session
-
-PARETO_DIR = "pareto"
-"""The folder under ``results/<study>/export/`` that ``--pareto`` writes by default."""
 
 
 @dataclass(frozen=True)
@@ -85,9 +82,7 @@ def export_pareto(
             "Pareto front; export it without --pareto (or choose by constraints with --pick)"
         )
     cands = candidates(study, top_k=sys.maxsize)  # the whole front
-    out = (
-        Path(out_dir) if out_dir else study_folder(results_dir, study_name) / "export" / PARETO_DIR
-    )
+    out = Path(out_dir) if out_dir else export_folder(results_dir, study_name, pareto=True)
     session = open_session(study, spec, results_dir, seeds, address, log, start, cands[0])
     log(f"Pareto front of {study_name!r}: {len(cands)} point(s)")
     out.mkdir(parents=True, exist_ok=True)
