@@ -25,9 +25,9 @@ from optuna.trial import TrialState, create_trial
 
 from search.record.study import confirm_storage, open_study, record_spec
 from search.specs.schema import parse_spec
-from tests.conftest import REPO, base_spec, free_port, invocations, served
-from tests.test_cli import _cli
-from tests.test_pareto_export import POINTS, built_study
+from tests.helpers import PARETO_POINTS as POINTS
+from tests.helpers import REPO, base_spec, built_study, free_port, invocations, served
+from tests.helpers import cli as _cli
 
 pytest.importorskip("mlflow")
 

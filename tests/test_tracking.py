@@ -30,7 +30,7 @@ from search.record.study import load_study
 from search.record.tracking import ATTEMPTS, Tracker
 from search.run.runner import RunOptions, run_study
 from search.specs.schema import parse_spec
-from tests.conftest import base_spec, run_spec, write_spec
+from tests.helpers import base_spec, run_spec, write_spec
 
 SECRET = "s3cret"
 LINE = "MLflow tracking:"
