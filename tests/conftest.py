@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 from tests.helpers import (
+    MLFLOW_SERVER_ENV,
     PG_BINS,
     PG_USER,
     Postgres,
@@ -144,7 +145,10 @@ def mlflow_server(mlflow_root: Path) -> Iterator[str]:
     cmd += ["--backend-store-uri", f"sqlite:///{root}/mlflow.db", "--workers", "1"]
     cmd += ["--artifacts-destination", str(root / "artifacts")]
     log = (root / "server.log").open("wb")
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    env = {**os.environ, **MLFLOW_SERVER_ENV}
+    proc = subprocess.Popen(
+        cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env
+    )
     try:
         wait_http(f"http://127.0.0.1:{port}/health", proc)
         yield f"http://127.0.0.1:{port}"

@@ -130,6 +130,12 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
         proc.wait()
 
 
+MLFLOW_SERVER_ENV = {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
+"""What an ``mlflow server`` of the tests runs with: no job execution, so it starts no Huey job
+runner and consumers (eight Python processes beside the server, importing MLflow each, that
+no test uses: the registry and tracking answer alike without them)."""
+
+
 def venv_path() -> str:
     """``PATH`` with this interpreter's folder first, as in an activated venv (MLflow's
     scoring server is the venv's ``uvicorn``)."""
