@@ -1,31 +1,40 @@
-"""Shared fixtures: one local Ray per test session, deterministic seeds, spec helpers, a real
-MLflow server and its scoring server."""
+"""Shared fixtures: one local Ray per test session, deterministic seeds, a real MLflow server,
+a real PostgreSQL server, a tabular model in ONNX. Plain helpers are in ``tests/helpers.py``."""
 
 from __future__ import annotations
 
-import contextlib
 import os
 import random
-import signal
-import socket
+import secrets
+import shutil
 import subprocess
 import sys
-import time
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pytest
-import yaml
+
+from tests.helpers import (
+    MLFLOW_SERVER_ENV,
+    PG_BINS,
+    PG_USER,
+    Postgres,
+    checked,
+    free_port,
+    onnx_export,
+    stop,
+    tabular_mlp,
+    tabular_val,
+    wait_http,
+)
 
 try:  # torchvision must be imported before TensorFlow: the other order segfaults (triton)
     import torch  # noqa: F401
     import torchvision  # noqa: F401
 except ImportError:  # a run without the torch extra still collects the framework's tests
     pass
-
-REPO = Path(__file__).resolve().parents[1]
 
 
 SLOWEST_FIRST = (
@@ -121,105 +130,6 @@ def joins_session_ray(session_ray_address: str, monkeypatch: pytest.MonkeyPatch)
     monkeypatch.setenv("RAY_ADDRESS", session_ray_address)
 
 
-def run_spec(spec: Path, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    """``python -m search run SPEC`` in a subprocess, results beside the spec."""
-    return subprocess.run(
-        [sys.executable, "-m", "search", "run", str(spec), "--results", str(spec.parent / "r")],
-        cwd=REPO, capture_output=True, text=True, timeout=timeout,
-    )  # fmt: skip
-
-
-def start_run(
-    spec: Path,
-    *extra: str,
-    prefix: tuple[str, ...] = (),
-    env: dict[str, str] | None = None,
-    stdout: int = subprocess.PIPE,
-) -> subprocess.Popen[str]:
-    """``python -m search run SPEC --results DIR EXTRA`` started in a session of its own (so
-    ``os.killpg`` reaches its group), results beside the spec, after ``prefix`` (``unshare``).
-    Its output comes as text: stdout and stderr together on ``stdout``, or with ``stdout`` set
-    to ``subprocess.DEVNULL`` only stderr, on ``stderr``."""
-    command = [
-        sys.executable,
-        "-m",
-        "search",
-        "run",
-        str(spec),
-        "--results",
-        str(spec.parent / "r"),
-    ]
-    stderr = subprocess.STDOUT if stdout == subprocess.PIPE else subprocess.PIPE
-    return subprocess.Popen(
-        [*prefix, *command, *extra], cwd=REPO, stdout=stdout, stderr=stderr, text=True,
-        start_new_session=True, env=env,
-    )  # fmt: skip
-
-
-def write_spec(path: Path, data: dict[str, Any]) -> Path:
-    """Writes ``data`` as a YAML spec file and returns its path."""
-    path.write_text(yaml.safe_dump(data, sort_keys=False))
-    return path
-
-
-def base_spec(tmp_path: Path, **changes: Any) -> dict[str, Any]:
-    """A small valid spec on the synthetic ``curve`` trainable, storage under ``tmp_path``."""
-    spec: dict[str, Any] = {
-        "study": "t",
-        "trainable": "search.testing:curve",
-        "objective": {"metric": "val_accuracy", "mode": "max"},
-        "budget": {"trials": 4, "max_epochs": 3},
-        "sampler": {"name": "random", "seed": 0},
-        "storage": f"sqlite:///{tmp_path}/optuna.db",
-        "space": {"x": {"uniform": [0.0, 1.0]}},
-    }
-    spec.update(changes)
-    return spec
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def wait_http(url: str, proc: subprocess.Popen[bytes], seconds: float = 300) -> None:
-    """Returns once ``url`` answers 200; raises when ``proc`` exits or ``seconds`` pass (a
-    guard for a machine many tests share: a server there can take minutes to start)."""
-    import requests
-
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{proc.args} exited with {proc.returncode}")
-        try:
-            if requests.get(url, timeout=2).status_code == 200:
-                return
-        except requests.RequestException:
-            pass
-        time.sleep(0.5)
-    raise RuntimeError(f"{url} did not answer in {seconds} s")
-
-
-def stop(proc: subprocess.Popen[bytes]) -> None:
-    """Stops ``proc``'s process group (started with ``start_new_session``)."""
-    if proc.poll() is not None:
-        return
-    os.killpg(proc.pid, signal.SIGTERM)
-    try:
-        proc.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
-
-
-def venv_path() -> str:
-    """``PATH`` with this interpreter's folder first, as in an activated venv (MLflow's
-    scoring server is the venv's ``uvicorn``)."""
-    return f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
-
-
 @pytest.fixture(scope="session")
 def mlflow_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The folder of :func:`mlflow_server`'s database and artifacts."""
@@ -236,7 +146,10 @@ def mlflow_server(mlflow_root: Path) -> Iterator[str]:
     cmd += ["--backend-store-uri", f"sqlite:///{root}/mlflow.db", "--workers", "1"]
     cmd += ["--artifacts-destination", str(root / "artifacts")]
     log = (root / "server.log").open("wb")
-    proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    env = {**os.environ, **MLFLOW_SERVER_ENV}
+    proc = subprocess.Popen(
+        cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env
+    )
     try:
         wait_http(f"http://127.0.0.1:{port}/health", proc)
         yield f"http://127.0.0.1:{port}"
@@ -244,60 +157,63 @@ def mlflow_server(mlflow_root: Path) -> Iterator[str]:
         stop(proc)
 
 
-@contextlib.contextmanager
-def served(model_uri: str, tracking_uri: str, log_dir: Path) -> Iterator[str]:
-    """``mlflow models serve -m MODEL_URI --env-manager local`` on 127.0.0.1 and a free port,
-    as the README shows it; yields its base URL once ``/ping`` answers."""
+@pytest.fixture(scope="session")
+def postgres() -> Iterator[Postgres]:
+    """A throwaway PostgreSQL server on 127.0.0.1 only, with a password user ``search``, shared
+    by the session's files (each makes its own studies or databases); skips where PostgreSQL's
+    server binaries are missing."""
+    if not PG_BINS:
+        pytest.skip("PostgreSQL server binaries not found (/usr/lib/postgresql/*/bin/initdb)")
+    bin_dir = Path(PG_BINS[-1]).parent
+    as_owner = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
+    root = Path(tempfile.mkdtemp(prefix="search-pg-"))
+    data = root / "data"
+    password = "Pg" + secrets.token_hex(12)
+    (root / "pw").write_text(password + "\n")
+    if os.geteuid() == 0:
+        for path in (root, root / "pw"):
+            shutil.chown(path, "postgres", "postgres")
+    root.chmod(0o700)
     port = free_port()
-    env = {**os.environ, "MLFLOW_TRACKING_URI": tracking_uri, "PATH": venv_path()}
-    cmd = [sys.executable, "-m", "mlflow", "models", "serve", "-m", model_uri]
-    cmd += ["--env-manager", "local", "-p", str(port), "-h", "127.0.0.1"]
-    log = (log_dir / "serve.log").open("wb")
-    proc = subprocess.Popen(
-        cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-    )
+    started = False
     try:
-        wait_http(f"http://127.0.0.1:{port}/ping", proc)
-        yield f"http://127.0.0.1:{port}"
+        checked(
+            [*as_owner, str(bin_dir / "initdb"), "-D", str(data), "-U", PG_USER,
+             f"--pwfile={root / 'pw'}", "--auth=scram-sha-256", "-E", "UTF8", "--no-sync"]
+        )  # fmt: skip
+        options = f"-c listen_addresses=127.0.0.1 -p {port} -k {root} -c fsync=off"
+        checked(
+            [*as_owner, str(bin_dir / "pg_ctl"), "-D", str(data), "-o", options,
+             "-l", str(root / "server.log"), "-w", "-t", "60", "start"]
+        )  # fmt: skip
+        started = True
+        import psycopg
+
+        with psycopg.connect(
+            host="127.0.0.1", port=port, user=PG_USER, password=password, dbname="postgres",
+            autocommit=True, connect_timeout=10,
+        ) as conn:  # fmt: skip
+            conn.execute("CREATE DATABASE optuna")
+        yield Postgres(port, password)
     finally:
-        stop(proc)
+        if started or (data / "postmaster.pid").exists():
+            subprocess.run(
+                [*as_owner, str(bin_dir / "pg_ctl"), "-D", str(data), "-m", "immediate", "-w",
+                 "stop"], capture_output=True, timeout=60,
+            )  # fmt: skip
+        shutil.rmtree(root, ignore_errors=True)
 
 
-def invocations(base_url: str, inputs: dict[str, np.ndarray]) -> np.ndarray:
-    """The first output a scoring server's ``/invocations`` answers for ``inputs``."""
-    import requests
+@pytest.fixture(scope="session")
+def onnx_file(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, float]:
+    """A tabular MLP (breast cancer: 30 features, 2 classes; input ``x``) in ONNX, and its
+    PyTorch accuracy on the validation arrays of :func:`tests.helpers.tabular_val`."""
+    import torch
 
-    answer = requests.post(
-        f"{base_url}/invocations",
-        json={"inputs": {k: v.tolist() for k, v in inputs.items()}},
-        timeout=60,
-    )
-    assert answer.status_code == 200, answer.text
-    got: Any = answer.json()["predictions"]
-    got = next(iter(got.values())) if isinstance(got, dict) else got
-    return np.asarray(got, dtype=np.float32)
-
-
-def alive(pid: int) -> bool:
-    """Whether process ``pid`` runs (a zombie, ended but not yet reaped, does not)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
-
-
-def wait_for_a_running_trial(storage: str, driver: subprocess.Popen[str], study: str = "t") -> None:
-    """Waits (180 s at most) until a trial of ``study`` is RUNNING with an epoch reported."""
-    import optuna
-    from optuna.trial import TrialState
-
-    deadline = time.monotonic() + 180
-    while time.monotonic() < deadline and driver.poll() is None:
-        time.sleep(0.3)
-        try:
-            trials = optuna.load_study(study_name=study, storage=storage).trials
-        except KeyError:
-            continue
-        if any(t.state == TrialState.RUNNING and t.intermediate_values for t in trials):
-            return
-    pytest.fail("no trial ever ran")
+    model = tabular_mlp()
+    path = tmp_path_factory.mktemp("onnx") / "model.onnx"
+    onnx_export(model, path)
+    x, y = tabular_val()
+    with torch.no_grad():
+        accuracy = float((model(torch.from_numpy(x)).argmax(1).numpy() == y).mean())
+    return path, accuracy

@@ -16,7 +16,7 @@ from search.record.study import open_study, record_spec
 from search.specs.pinned import PINNED
 from search.specs.schema import parse_spec
 from search.specs.space import Param, sample
-from tests.conftest import base_spec
+from tests.helpers import base_spec
 
 SPACE = {
     "lr": {"loguniform": [1e-4, 1e-1]},

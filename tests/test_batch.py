@@ -16,7 +16,7 @@ from optuna.trial import TrialState
 
 from search.record.batch import Write, write_together
 from search.record.storage import open_storage, rdb_backend
-from tests.test_cluster import Postgres, postgres  # noqa: F401 (the fixture)
+from tests.helpers import Postgres
 
 LR = FloatDistribution(1e-4, 1e-1, log=True)
 BATCH = CategoricalDistribution([32, 64])

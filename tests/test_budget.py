@@ -13,7 +13,7 @@ import optuna
 import pytest
 
 from search.specs.schema import load_spec
-from tests.conftest import REPO, base_spec
+from tests.helpers import REPO, base_spec
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 

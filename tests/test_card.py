@@ -18,7 +18,7 @@ from optuna.trial import TrialState, create_trial
 from search.contract.inputs import read_inputs, write_inputs
 from search.handover.card import model_card
 from search.specs.schema import StudySpec, parse_spec
-from tests.conftest import base_spec
+from tests.helpers import base_spec
 
 USER_TRAINABLE = "tabular_user.model:train"
 

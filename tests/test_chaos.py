@@ -19,7 +19,6 @@ import os
 import random
 import shutil
 import signal
-import sqlite3
 import subprocess
 import time
 from collections import Counter
@@ -29,7 +28,8 @@ import optuna
 import pytest
 
 from search.record.resume import INTERRUPTED
-from tests.conftest import REPO, base_spec, start_run, write_spec
+from tests.helpers import REPO, base_spec, start_run, write_spec
+from tests.helpers import sqlite_rows as _query
 
 pytestmark = [pytest.mark.slow]
 
@@ -46,17 +46,6 @@ def _driver(spec: Path, namespaced: bool) -> subprocess.Popen[str]:
     env.update(PYTHONPATH=str(REPO), SEARCH_LEASE_TTL_S="3")
     prefix = NAMESPACED if namespaced else ()
     return start_run(spec, prefix=prefix, env=env, stdout=subprocess.DEVNULL)
-
-
-def _query(db: Path, sql: str, *args: int) -> list[tuple]:
-    """The rows of ``sql`` on the study's file; none before the file or its tables exist."""
-    if not db.exists():
-        return []
-    try:
-        with sqlite3.connect(db, timeout=30) as conn:
-            return conn.execute(sql, args).fetchall()
-    except sqlite3.OperationalError:  # the first driver is creating the tables
-        return []
 
 
 def _last_trial_id(db: Path) -> int:

@@ -32,8 +32,8 @@ from optuna.trial import TrialState
 from search.record.resume import INTERRUPTED
 from search.run.death import SILENT
 from search.run.signals import EXIT_STATUS
-from tests.conftest import REPO, base_spec, start_run, write_spec
-from tests.test_chaos import _query
+from tests.helpers import REPO, base_spec, start_run, write_spec
+from tests.helpers import sqlite_rows as _query
 
 pytestmark = [pytest.mark.slow]
 

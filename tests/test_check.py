@@ -19,78 +19,13 @@ import pytest
 
 from search.contract.inputs import InputsError, read_inputs, tensor, write_inputs
 from search.handover.check import BundleCheckFailed, BundleError, check_bundle
-from tests.conftest import REPO
+from tests.helpers import REPO
+from tests.helpers import onnx_export as _export
+from tests.helpers import tabular_bundle as _bundle
+from tests.helpers import tabular_mlp as _mlp
+from tests.helpers import tabular_val as _val
 
 pytestmark = [pytest.mark.torch, pytest.mark.skipif(torch is None, reason="needs PyTorch")]
-
-
-def _mlp() -> Any:
-    from torch import nn
-
-    torch.manual_seed(0)
-    return nn.Sequential(nn.Linear(30, 16), nn.ReLU(), nn.Linear(16, 2)).eval()
-
-
-def _export(model: Any, path: Path) -> None:
-    import warnings
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        torch.onnx.export(
-            model,
-            (torch.zeros(2, 30),),
-            str(path),
-            input_names=["x"],
-            output_names=["logits"],
-            dynamic_shapes=({0: torch.export.Dim("batch", min=1)},),
-            dynamo=True,
-            verbose=False,
-            external_data=False,
-        )
-
-
-@pytest.fixture(scope="module")
-def onnx_file(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, float]:
-    """A tabular MLP (breast cancer: 30 features, 2 classes; input ``x``) in ONNX, and its
-    PyTorch accuracy on the validation arrays of :func:`_val`."""
-    model = _mlp()
-    path = tmp_path_factory.mktemp("onnx") / "model.onnx"
-    _export(model, path)
-    x, y = _val()
-    with torch.no_grad():
-        accuracy = float((model(torch.from_numpy(x)).argmax(1).numpy() == y).mean())
-    return path, accuracy
-
-
-def _val() -> tuple[np.ndarray, np.ndarray]:
-    from sklearn.datasets import load_breast_cancer
-
-    x, y = load_breast_cancer(return_X_y=True)
-    x = ((x - x.mean(0)) / x.std(0)).astype(np.float32)
-    return x[::4], y[::4].astype(np.int64)
-
-
-def _bundle(
-    tmp_path: Path, onnx_file: tuple[Path, float], *, declare: bool = True, target: Any = None
-) -> Path:
-    """A user's bundle: model.onnx, inputs.json (validation.npz), metrics.json, config.yaml
-    naming a trainable that is importable nowhere."""
-    source, accuracy = onnx_file
-    bundle = tmp_path / "bundle"
-    bundle.mkdir()
-    (bundle / "model.onnx").write_bytes(source.read_bytes())
-    x, y = _val()
-    if declare:
-        write_inputs(
-            bundle, {"x": x[:2]}, {"logits": [None, 2]}, validation=(torch.from_numpy(x), y)
-        )
-    final = {"val_accuracy": accuracy if target is None else target, "val_loss": 0.3}
-    (bundle / "metrics.json").write_text(json.dumps({"final": final}))
-    (bundle / "config.yaml").write_text(
-        "study: tabular-final\ntrainable: nowhere_pkg.tabular:train\n"
-        "objective: {metric: val_accuracy, mode: max}\n"
-    )
-    return bundle
 
 
 def _script(bundle: Path, cwd: Path) -> subprocess.CompletedProcess[str]:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import socket
 import subprocess
 import sys
@@ -14,21 +13,11 @@ from pathlib import Path
 import optuna
 import pytest
 
-from tests.conftest import REPO, base_spec, write_spec
+from tests.helpers import REPO, base_spec, write_spec
+from tests.helpers import cli as _cli
 
 # CLI runs join the session's Ray (tests/conftest.py)
 pytestmark = [pytest.mark.usefixtures("joins_session_ray")]
-
-
-def _cli(*args: str, cwd: Path = REPO, timeout: float = 120) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "search", *args],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
-    )
 
 
 def test_help_is_fast_and_imports_no_framework() -> None:

@@ -33,121 +33,14 @@ import optuna
 import pytest
 
 from search.record.storage import redact
-from tests.conftest import REPO, alive, base_spec, write_spec
+from tests.helpers import PG_USER as USER
+from tests.helpers import REPO, Postgres, alive, base_spec, free_port, write_spec
+from tests.helpers import checked as _run
 
 pytestmark = [pytest.mark.slow]
 
-PG_BINS = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"))
 RAY = str(Path(sys.executable).with_name("ray"))
-USER = "search"
 TERMINAL = {"COMPLETE", "PRUNED", "FAIL"}
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def _run(cmd: list[str], **kwargs: object) -> subprocess.CompletedProcess:
-    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=120, **kwargs)  # type: ignore[call-overload]
-    assert proc.returncode == 0, f"{cmd[:3]} failed:\n{proc.stdout}\n{proc.stderr}"
-    return proc
-
-
-# ----------------------------------------------------------------------------- PostgreSQL
-
-
-@dataclass(frozen=True)
-class Postgres:
-    port: int
-    password: str
-
-    def url(self, password: str) -> str:
-        return f"postgresql://{USER}:{password}@127.0.0.1:{self.port}/optuna"
-
-
-@pytest.fixture(scope="module")
-def postgres() -> Iterator[Postgres]:
-    """A throwaway PostgreSQL server on 127.0.0.1 only, with a password user ``search``."""
-    if not PG_BINS:
-        pytest.skip("PostgreSQL server binaries not found (/usr/lib/postgresql/*/bin/initdb)")
-    bin_dir = Path(PG_BINS[-1]).parent
-    as_owner = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
-    root = Path(tempfile.mkdtemp(prefix="search-pg-"))
-    data = root / "data"
-    password = "Pg" + secrets.token_hex(12)
-    (root / "pw").write_text(password + "\n")
-    if os.geteuid() == 0:
-        for path in (root, root / "pw"):
-            shutil.chown(path, "postgres", "postgres")
-    root.chmod(0o700)
-    port = free_port()
-    started = False
-    try:
-        _run(
-            [
-                *as_owner,
-                str(bin_dir / "initdb"),
-                "-D",
-                str(data),
-                "-U",
-                USER,
-                f"--pwfile={root / 'pw'}",
-                "--auth=scram-sha-256",
-                "-E",
-                "UTF8",
-                "--no-sync",
-            ]
-        )
-        options = f"-c listen_addresses=127.0.0.1 -p {port} -k {root} -c fsync=off"
-        _run(
-            [
-                *as_owner,
-                str(bin_dir / "pg_ctl"),
-                "-D",
-                str(data),
-                "-o",
-                options,
-                "-l",
-                str(root / "server.log"),
-                "-w",
-                "-t",
-                "60",
-                "start",
-            ]
-        )
-        started = True
-        import psycopg
-
-        with psycopg.connect(
-            host="127.0.0.1",
-            port=port,
-            user=USER,
-            password=password,
-            dbname="postgres",
-            autocommit=True,
-            connect_timeout=10,
-        ) as conn:
-            conn.execute("CREATE DATABASE optuna")
-        yield Postgres(port, password)
-    finally:
-        if started or (data / "postmaster.pid").exists():
-            subprocess.run(
-                [
-                    *as_owner,
-                    str(bin_dir / "pg_ctl"),
-                    "-D",
-                    str(data),
-                    "-m",
-                    "immediate",
-                    "-w",
-                    "stop",
-                ],
-                capture_output=True,
-                timeout=60,
-            )
-        shutil.rmtree(root, ignore_errors=True)
 
 
 # ------------------------------------------------------------------------------------ Ray

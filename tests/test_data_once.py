@@ -20,8 +20,7 @@ from search.contract import trainable
 from search.handover.export import export_study
 from search.run.runner import RunOptions, run_study
 from search.specs.schema import parse_spec
-from tests.conftest import base_spec
-from tests.test_export import make_study
+from tests.helpers import base_spec, make_study
 
 pytestmark = [pytest.mark.usefixtures("joins_session_ray")]
 

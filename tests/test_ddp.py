@@ -21,7 +21,7 @@ from search.contract import TrialContext, trainable
 from search.contract.dataset import Dataset, load_digits
 from search.run.runner import RunOptions, run_study
 from search.specs.schema import parse_spec
-from tests.conftest import alive, base_spec
+from tests.helpers import alive, base_spec
 
 pytestmark = [pytest.mark.slow, pytest.mark.torch]
 

@@ -20,7 +20,7 @@ from search.cli import app, full_disk_is_one_line
 from search.errors import DiskFullError, disk_full
 from search.record.resume import INTERRUPTED
 from search.record.storage import full_disk_error, open_storage
-from tests.conftest import REPO, base_spec, wait_for_a_running_trial, write_spec
+from tests.helpers import REPO, base_spec, wait_for_a_running_trial, write_spec
 
 FULL = "free space and run the same command again"
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from tests.conftest import REPO
+from tests.helpers import REPO
 
 pytestmark = [pytest.mark.slow]
 

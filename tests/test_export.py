@@ -22,48 +22,18 @@ import numpy as np
 import optuna
 import pytest
 import yaml
-from optuna.distributions import FloatDistribution
-from optuna.trial import TrialState, create_trial
+from optuna.trial import TrialState
 
 from search.contract import TrialContext, declarations
 from search.handover.confirm import ROLE
 from search.handover.export import TOLERANCE, export_study
-from search.record.study import CONFIRM_SUFFIX, confirm_storage, open_study, record_spec
+from search.record.study import CONFIRM_SUFFIX, confirm_storage
 from search.specs.schema import load_spec, parse_spec
-from tests.conftest import REPO, base_spec
-from tests.test_cli import _cli
+from tests.helpers import REPO, make_study
+from tests.helpers import cli as _cli
 
 # CLI runs join the session's Ray (tests/conftest.py)
 pytestmark = [pytest.mark.usefixtures("joins_session_ray")]
-
-
-def make_study(
-    tmp_path: Path, values: dict[float, TrialState], param: str = "x", **changes: Any
-) -> Any:
-    """A study whose trials have the given ``param`` values and states (value = param)."""
-    spec = parse_spec(base_spec(tmp_path, **changes))
-    study = open_study(spec)
-    record_spec(study, spec)
-    bounds = spec.space[param]
-    for x, state in values.items():
-        done = state == TrialState.COMPLETE
-        study.add_trial(
-            create_trial(
-                state=state,
-                value=x if done else None,
-                params={param: x},
-                distributions={param: FloatDistribution(*_range(bounds), log=param == "lr")},
-                intermediate_values={1: x / 2} if state != TrialState.FAIL else {},
-                user_attrs={"epochs": 1},
-            )
-        )
-    return spec, study
-
-
-def _range(param: Any) -> tuple[float, float]:
-    dumped = param.model_dump(exclude_none=True) if hasattr(param, "model_dump") else dict(param)
-    low, high = next(v for v in dumped.values() if isinstance(v, list | tuple))
-    return float(low), float(high)
 
 
 # --- refusals ----------------------------------------------------------------------------------

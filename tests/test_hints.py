@@ -13,7 +13,7 @@ from search.contract import UnknownTrainableError, declarations
 from search.errors import SearchError
 from search.handover.train import no_hook
 from search.specs.schema import DataSpec, parse_spec
-from tests.conftest import base_spec
+from tests.helpers import base_spec
 
 
 def _error(tmp_path: Path, **changes: Any) -> str:

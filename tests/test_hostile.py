@@ -15,7 +15,7 @@ from search.record.study import load_study
 from search.run.runner import RunOptions, run_study
 from search.specs.schema import parse_spec
 from search.testing import HOSTILE_MODES
-from tests.conftest import base_spec
+from tests.helpers import base_spec
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]
 

@@ -13,7 +13,7 @@ from search.contract.dataset import image_folder, load_digits, materialize
 from search.record.study import load_study
 from search.run.runner import RunOptions, run_study
 from search.specs.schema import parse_spec
-from tests.conftest import base_spec
+from tests.helpers import base_spec
 
 
 @pytest.fixture(scope="module")

@@ -10,8 +10,8 @@ import pytest
 
 from search.specs.knobs import KnobError, check_knobs, declared_knobs
 from search.specs.schema import parse_spec
-from tests.conftest import REPO, base_spec, write_spec
-from tests.test_cli import _cli
+from tests.helpers import REPO, base_spec, write_spec
+from tests.helpers import cli as _cli
 
 # CLI runs join the session's Ray (tests/conftest.py)
 pytestmark = [pytest.mark.usefixtures("joins_session_ray")]

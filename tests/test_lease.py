@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import signal
-import sqlite3
 import subprocess
 import sys
 import time
@@ -18,7 +16,8 @@ import pytest
 from search.record import lease as lease_module
 from search.record.lease import StudyBusyError, StudyLease, held
 from search.record.processes import RUN_ENV, named, started_by, stop
-from tests.conftest import REPO, base_spec, write_spec
+from tests.helpers import REPO, base_spec, write_spec
+from tests.helpers import lease_of as _lease_of
 
 pytestmark = pytest.mark.slow  # over 5 s here: make test-fast leaves it out
 
@@ -286,18 +285,6 @@ def _gone_soon(pid: int, within_s: float = 10.0) -> bool:
             return True
         time.sleep(0.05)
     return False
-
-
-def _lease_of(db: Path) -> dict:
-    """The study's lease as the driver last wrote it ({} before there is one)."""
-    try:
-        with sqlite3.connect(db, timeout=30) as conn:
-            row = conn.execute(
-                "SELECT value_json FROM study_user_attributes WHERE key = 'driver'"
-            ).fetchone()
-    except sqlite3.OperationalError:  # the driver is creating the tables
-        return {}
-    return json.loads(row[0]) if row else {}
 
 
 def _cmdline(pid: str) -> str:

@@ -26,7 +26,7 @@ from search.record.queries import EPOCHS_FILE, read_epochs
 from search.record.study import load_study
 from search.run.runner import RunOptions, run_study
 from search.specs.schema import parse_spec
-from tests.conftest import alive
+from tests.helpers import alive
 
 pytestmark = [
     pytest.mark.slow,

@@ -21,7 +21,7 @@ from search.compute.limits import ALLOC_CONF, apply_limits
 from search.compute.placement import Measurement, Share, resolve
 from search.contract import TrialContext
 from search.specs.schema import ResourcesSpec, parse_spec
-from tests.conftest import REPO, base_spec
+from tests.helpers import REPO, base_spec
 
 GIB = 2**30
 

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import REPO, write_spec
+from tests.helpers import REPO, write_spec
 
 pytest.importorskip("torch")
 pytest.importorskip("onnxruntime")

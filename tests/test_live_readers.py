@@ -35,7 +35,7 @@ import pytest
 from search.record.study import load_study, open_study
 from search.run.runner import RunOptions, run_study
 from search.specs.schema import parse_spec
-from tests.conftest import REPO, base_spec
+from tests.helpers import REPO, base_spec
 
 pytestmark = [pytest.mark.ray]
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from search.record.study import load_study
-from tests.conftest import REPO, base_spec, write_spec
+from tests.helpers import REPO, base_spec, write_spec
 
 pytestmark = [pytest.mark.slow]
 

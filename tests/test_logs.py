@@ -20,7 +20,7 @@ from search.report.logs import print_log
 from search.run.output import captured
 from search.run.runner import RunOptions, run_study
 from search.specs.schema import parse_spec
-from tests.conftest import base_spec
+from tests.helpers import base_spec
 
 TRIALS = 3
 FAILS = 1

@@ -20,7 +20,7 @@ import pytest
 
 from search.contract.driver import as_number, drive
 from search.run.fate import DROPPED, EPOCH, METRIC_KEYS, TrialRecord
-from tests.conftest import REPO, base_spec, write_spec
+from tests.helpers import REPO, base_spec, write_spec
 
 NUMBERS: list[tuple[Any, float]] = [
     (0.5, 0.5),

@@ -16,7 +16,7 @@ from typing import Any
 import optuna
 import pytest
 
-from tests.conftest import REPO, write_spec
+from tests.helpers import REPO, write_spec
 
 USER_MODULE = """
 from search import train_to_end, trainable

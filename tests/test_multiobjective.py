@@ -17,7 +17,7 @@ from search.record.study import load_study
 from search.report.html import write_report
 from search.run.runner import RunOptions, run_study
 from search.specs.schema import load_spec, parse_spec, with_overrides
-from tests.conftest import REPO, base_spec
+from tests.helpers import REPO, base_spec
 
 pytestmark = [pytest.mark.ray]
 

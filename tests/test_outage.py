@@ -18,8 +18,15 @@ import optuna
 import pytest
 
 from search.record.resume import counts
-from tests.conftest import base_spec, free_port, start_run, wait_for_a_running_trial, write_spec
-from tests.test_cluster import PG_BINS, USER
+from tests.helpers import (
+    PG_BINS,
+    base_spec,
+    free_port,
+    start_run,
+    wait_for_a_running_trial,
+    write_spec,
+)
+from tests.helpers import PG_USER as USER
 
 pytestmark = [pytest.mark.slow]
 

@@ -18,8 +18,6 @@ from typing import Any
 import optuna
 import pytest
 import yaml
-from optuna.distributions import CategoricalDistribution, FloatDistribution
-from optuna.trial import TrialState, create_trial
 
 from search.handover.export import export_study
 from search.handover.pareto import export_pareto
@@ -36,28 +34,14 @@ from search.record.study import (
 )
 from search.run.runner import RunOptions, run_study
 from search.specs.schema import parse_spec
-from tests.conftest import base_spec
-from tests.test_cli import _cli
+from tests.helpers import PARETO_POINTS as POINTS
+from tests.helpers import TWO, base_spec, built_study, mo_spec
+from tests.helpers import cli as _cli
 
 # CLI runs join the session's Ray (tests/conftest.py)
 pytestmark = [pytest.mark.usefixtures("joins_session_ray")]
 
-TWO = [{"metric": "val_accuracy", "mode": "max"}, {"metric": "latency_ms", "mode": "min"}]
-LATENCIES = [1, 2, 4, 8, 16, 32]
 BUNDLE = {"config.yaml", "metrics.json", "MODEL_CARD.md", "learning_curves.png", "model.json"}
-
-
-def mo_spec(tmp: Path, **changes: Any) -> Any:
-    """12 trials of 2 epochs, no ASHA, ``x`` and ``latency`` searched, two objectives."""
-    spec = {
-        "study": "mo",
-        "objective": TWO,
-        "budget": {"trials": 12, "max_epochs": 2},
-        "asha": {"enabled": False},
-        "sampler": {"name": "random", "seed": 1},
-        "space": {"x": {"uniform": [0.2, 1.0]}, "latency": {"choice": LATENCIES}},
-    }
-    return parse_spec(base_spec(tmp, **(spec | changes)))
 
 
 @pytest.fixture(scope="module")
@@ -69,41 +53,6 @@ def searched(ray_local: None, tmp_path_factory: pytest.TempPathFactory) -> tuple
     study = load_study("mo", spec.storage)
     assert len(pareto_trials(study)) >= 3, "change sampler.seed: the front needs 3 points"
     return spec, study
-
-
-def built_study(tmp: Path, points: list[tuple[float, float]], **changes: Any) -> Any:
-    """A multi-objective study with one COMPLETE trial per ``(x, latency)`` (values as the
-    curve gives them after 2 epochs) and one PRUNED trial without values."""
-    spec = mo_spec(tmp, **changes)
-    study = open_study(spec)
-    record_spec(study, spec)
-    dists = {"x": FloatDistribution(0.2, 1.0), "latency": CategoricalDistribution(LATENCIES)}
-    for x, latency in points:
-        acc = 0.75 * x
-        metrics = {"val_accuracy": acc, "val_loss": 1 - acc, "latency_ms": float(latency)}
-        study.add_trial(
-            create_trial(
-                state=TrialState.COMPLETE,
-                values=[acc, float(latency)][: len(spec.objectives)],
-                params={"x": x, "latency": latency},
-                distributions=dists,
-                intermediate_values={1: x / 2, 2: acc},
-                user_attrs={"epochs": 2, "seconds": 0.1, "device": "cpu", "metrics": metrics},
-            )
-        )
-    study.add_trial(
-        create_trial(
-            state=TrialState.PRUNED,
-            params={"x": 0.99, "latency": 1},
-            distributions=dists,
-            user_attrs={"epochs": 1},
-        )
-    )
-    return spec, study
-
-
-# front: trials 0 (0.9, 16), 1 (0.8, 8), 2 (0.6, 2); 3 and 4 are dominated
-POINTS = [(0.9, 16), (0.8, 8), (0.6, 2), (0.5, 4), (0.85, 32)]
 
 
 # --- --pareto -------------------------------------------------------------------------------

@@ -12,8 +12,8 @@ from optuna.trial import TrialState, create_trial
 
 from search.record.study import open_study, record_spec
 from search.specs.schema import parse_spec
-from tests.conftest import base_spec, write_spec
-from tests.test_cli import _cli
+from tests.helpers import base_spec, write_spec
+from tests.helpers import cli as _cli
 
 METRICS = {f"a_rather_long_metric_name_{i}": 4.557e-05 * (i + 1) for i in range(12)}
 

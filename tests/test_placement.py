@@ -40,7 +40,7 @@ from search.run.oom import out_of_memory
 from search.run.runner import RunOptions, run_study
 from search.specs.schema import ResourcesSpec, parse_spec
 from search.specs.space import Param
-from tests.conftest import REPO, base_spec
+from tests.helpers import REPO, base_spec
 
 GIB = 2**30
 

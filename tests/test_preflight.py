@@ -26,7 +26,7 @@ from search.run.preflight import (
     use_cluster_token,
 )
 from search.specs.schema import parse_spec
-from tests.conftest import REPO, base_spec, run_spec, write_spec
+from tests.helpers import REPO, base_spec, run_spec, write_spec
 
 SECRET = "pw-Zq81rT"
 

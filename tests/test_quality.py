@@ -145,7 +145,7 @@ def test_sixteen_at_once_through_the_cli(
     import yaml
 
     from search.record.samplers import SAMPLER
-    from tests.conftest import REPO
+    from tests.helpers import REPO
 
     job = Job(TASK, 0, 64, 16, 0.0, str(tmp_path))
     spec = spec_for(job, table)

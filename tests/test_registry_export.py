@@ -27,10 +27,9 @@ from search.contract.inputs import read_inputs
 from search.handover.mlflow_model import raw
 from search.record.study import confirm_storage, open_study, record_spec
 from search.specs.schema import parse_spec
-from tests.conftest import REPO, base_spec, free_port, served
-from tests.test_cli import _cli
-from tests.test_pareto_export import POINTS, built_study
-from tests.test_served_model import answers
+from tests.helpers import PARETO_POINTS as POINTS
+from tests.helpers import REPO, answers, base_spec, built_study, free_port, served
+from tests.helpers import cli as _cli
 
 pytest.importorskip("mlflow")
 

@@ -16,13 +16,11 @@ torch = pytest.importorskip("torch")
 
 from search.handover.registry import Target, register_bundle  # noqa: E402
 from search.handover.registry_check import check_registered  # noqa: E402
-from tests import test_check  # noqa: E402
-from tests.conftest import served  # noqa: E402
-from tests.test_check import _bundle, _val  # noqa: E402
-from tests.test_served_model import answers  # noqa: E402
+from tests.helpers import answers, served  # noqa: E402
+from tests.helpers import tabular_bundle as _bundle  # noqa: E402
+from tests.helpers import tabular_val as _val  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.torch]
-onnx_file = test_check.onnx_file  # the tabular MLP in ONNX, and its PyTorch accuracy
 
 
 def _exported(tmp_path: Path, onnx_file: tuple[Path, float], mean: float) -> Path:

@@ -23,8 +23,8 @@ from search.run.progress import ProgressCallback
 from search.run.runner import RunOptions, run_study
 from search.specs.derive import asha_milestones
 from search.specs.schema import parse_spec
-from tests.conftest import base_spec
-from tests.test_cli import _cli
+from tests.helpers import base_spec
+from tests.helpers import cli as _cli
 
 pytestmark = [pytest.mark.ray, pytest.mark.usefixtures("joins_session_ray")]
 

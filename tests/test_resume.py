@@ -15,7 +15,7 @@ from ray.tune.schedulers import TrialScheduler
 
 from search.record.resume import FATE, INTERRUPTED, earlier_curves, fate_record, recover
 from search.run.scheduler import PruneReportingASHA
-from tests.conftest import base_spec, start_run, write_spec
+from tests.helpers import base_spec, start_run, write_spec
 
 # CLI runs join the session's Ray (tests/conftest.py)
 pytestmark = [pytest.mark.usefixtures("joins_session_ray")]

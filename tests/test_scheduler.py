@@ -13,7 +13,7 @@ from search.run.scheduler import PruneReportingASHA, build_scheduler
 from search.run.stopping import RunStopper
 from search.specs.derive import asha_milestones, ray_milestones
 from search.specs.schema import parse_spec
-from tests.conftest import base_spec
+from tests.helpers import base_spec
 
 
 def _asha(reduction_factor: float, max_t: int = 9) -> PruneReportingASHA:

@@ -24,8 +24,8 @@ from search.handover.registry import Target, register_bundle
 from search.handover.registry_check import check_registered
 from search.record.study import open_study, record_spec
 from search.specs.schema import parse_spec
-from tests.conftest import base_spec, served
-from tests.test_cli import _cli
+from tests.helpers import answers, base_spec, served
+from tests.helpers import cli as _cli
 
 pytest.importorskip("mlflow")
 pytestmark = pytest.mark.slow
@@ -168,17 +168,6 @@ def test_mlflow_models_serve_answers_a_raw_row_with_its_class_name(
     assert [r["label"] for r in rows] == labels == _graph_labels(registered, raw)
     assert all(abs(sum(r["probabilities"]) - 1) < 1e-6 for r in rows)
     assert "logits" not in rows[0] and logits.shape == (6, 2)
-
-
-def answers(base_url: str, inputs: dict[str, np.ndarray]) -> tuple[list[Any], np.ndarray]:
-    """The labels and the logits a scoring server answers for ``inputs`` (raw rows)."""
-    import requests
-
-    body = {"inputs": {k: v.tolist() for k, v in inputs.items()}, "params": {"logits": True}}
-    answer = requests.post(f"{base_url}/invocations", json=body, timeout=60)
-    assert answer.status_code == 200, answer.text
-    rows = answer.json()["predictions"]
-    return [r["label"] for r in rows], np.asarray([r["logits"] for r in rows], dtype=np.float32)
 
 
 def _versions(uri: str, name: str) -> list[Any]:

@@ -18,7 +18,7 @@ from optuna.trial import TrialState
 
 from search.record.resume import INTERRUPTED
 from search.run.signals import EXIT_STATUS
-from tests.conftest import REPO, base_spec, start_run, wait_for_a_running_trial, write_spec
+from tests.helpers import REPO, base_spec, start_run, wait_for_a_running_trial, write_spec
 
 
 def _assert_replaced_next_run(spec: Path, storage: str, env: dict[str, str] | None = None) -> None:

@@ -10,7 +10,7 @@ import pytest
 from search.record.samplers import build_sampler
 from search.specs.schema import load_spec, parse_spec
 from search.specs.space import Param, grid, order, sample
-from tests.conftest import REPO, base_spec
+from tests.helpers import REPO, base_spec
 
 SPACE = load_spec(REPO / "spaces" / "cnn.yaml")
 

@@ -10,7 +10,7 @@ import pytest
 from search.record.study import load_study
 from search.run.runner import RunOptions, run_study
 from search.specs.schema import load_spec, with_overrides
-from tests.conftest import REPO
+from tests.helpers import REPO
 
 SPACES = sorted((REPO / "spaces").glob("*.yaml"))
 

@@ -9,7 +9,7 @@ import pytest
 
 from search.errors import SpecError
 from search.specs.schema import load_spec, parse_spec, with_overrides
-from tests.conftest import REPO, base_spec, write_spec
+from tests.helpers import REPO, base_spec, write_spec
 
 
 def test_shipped_cnn_space_parses() -> None:

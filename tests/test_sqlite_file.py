@@ -17,7 +17,7 @@ import pytest
 
 from search.errors import SearchError
 from search.record.storage import open_storage
-from tests.conftest import REPO
+from tests.helpers import REPO
 
 # A real process that kills itself with SIGKILL at the point where a kill does the harm: after
 # Optuna's CREATE TABLE statements, as it creates the index on the study name.

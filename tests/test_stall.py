@@ -22,7 +22,7 @@ from search.run.runner import RunOptions, run_study
 from search.run.stall import FLOOR_S, GRACE_S, MULTIPLE, EpochTimes, StallWatch, stall_limit
 from search.specs.derive import incompatible_change
 from search.specs.schema import parse_spec
-from tests.conftest import base_spec
+from tests.helpers import base_spec
 
 STALL_S = 3.0
 HANG = {"hang_at": 2, "hang_trial": 0}

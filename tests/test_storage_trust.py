@@ -13,7 +13,7 @@ from optuna.trial import create_trial
 from typer.testing import CliRunner
 
 from search.cli import app
-from tests.conftest import base_spec, write_spec
+from tests.helpers import base_spec, write_spec
 
 ESCAPE = "../../escape"
 

@@ -16,7 +16,7 @@ from search.report.figures import metric_of, milestones
 from search.report.html import summarize
 from search.specs.derive import asha_milestones
 from search.specs.schema import AshaSpec, parse_spec
-from tests.conftest import base_spec
+from tests.helpers import base_spec
 
 
 def _study(tmp_path: Path, **changes: object) -> optuna.Study:

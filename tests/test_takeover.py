@@ -18,8 +18,8 @@ import pytest
 
 from search.record.lease import TAKEN_EXIT_STATUS
 from search.record.resume import counts
-from tests.conftest import base_spec, start_run, wait_for_a_running_trial, write_spec
-from tests.test_lease import _lease_of
+from tests.helpers import base_spec, start_run, wait_for_a_running_trial, write_spec
+from tests.helpers import lease_of as _lease_of
 
 pytestmark = [pytest.mark.slow]
 

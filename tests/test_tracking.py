@@ -30,7 +30,7 @@ from search.record.study import load_study
 from search.record.tracking import ATTEMPTS, Tracker
 from search.run.runner import RunOptions, run_study
 from search.specs.schema import parse_spec
-from tests.conftest import base_spec, run_spec, write_spec
+from tests.helpers import MLFLOW_SERVER_ENV, base_spec, run_spec, write_spec
 
 SECRET = "s3cret"
 LINE = "MLflow tracking:"
@@ -260,6 +260,7 @@ def killable_mlflow_server(tmp_path: Path) -> Iterator[tuple[str, subprocess.Pop
     cmd += ["--backend-store-uri", f"sqlite:///{root}/mlflow.db", "--workers", "1"]
     cmd += ["--artifacts-destination", str(root / "artifacts")]
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    env |= MLFLOW_SERVER_ENV
     log = (root / "server.log").open("wb")
     proc = subprocess.Popen(
         cmd, stdout=log, stderr=subprocess.STDOUT, start_new_session=True, env=env

@@ -17,7 +17,7 @@ from search.record.study import SAMPLER, open_study, record_spec
 from search.record.warm import START_FROM, WARM_START, import_trials
 from search.specs.pinned import PINNED
 from search.specs.schema import parse_spec
-from tests.conftest import base_spec, run_spec, write_spec
+from tests.helpers import base_spec, run_spec, write_spec
 
 pytestmark = pytest.mark.slow  # over 5 s here: make test-fast leaves it out
 

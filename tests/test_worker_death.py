@@ -22,7 +22,7 @@ from search.run.fate import EPOCH, NODE_LOST, TrialRecord
 from search.run.runner import RunOptions, run_study
 from search.run.stopping import FailFast
 from search.specs.schema import load_spec
-from tests.conftest import base_spec, write_spec
+from tests.helpers import base_spec, write_spec
 
 
 def test_a_segfault_and_os_exit_3_at_epoch_2_fail_with_the_signal_and_the_code(
