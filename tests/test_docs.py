@@ -34,6 +34,7 @@ from typing import Any
 import pytest
 import yaml
 
+from search.cli import app
 from search.specs.schema import parse_spec
 
 pytestmark = pytest.mark.slow  # over 5 s here (the site build, a process per block)
@@ -44,7 +45,8 @@ PAGES = sorted(
 )
 NOT_RUN = re.compile(r"<!--\s*docs-test:\s*not run:\s*(.+?)\s*-->")
 FENCE = re.compile(r"^```([\w-]*)\s*$")
-COMMANDS = ("run", "trials", "logs", "dashboard", "report", "export", "check", "train")
+# Every command of the CLI, as typer registered them (a new command needs its README line).
+COMMANDS = tuple(c.name or getattr(c.callback, "__name__", "") for c in app.registered_commands)
 BASE_SPEC: dict[str, Any] = {
     "study": "docs-example",
     "trainable": "torch_cnn",
