@@ -80,6 +80,20 @@ AddressOpt = Annotated[
 ]
 
 
+# Options that export and register share.
+ModelName = Annotated[
+    str | None, typer.Option(help="The registered model's name (default: the study's).")
+]
+Promote = Annotated[
+    bool,
+    typer.Option(
+        "--promote",
+        help="Move alias champion to the new version when it beats the champion by more than "
+        "one standard error.",
+    ),
+]
+
+
 @app.command()
 @one_line_errors
 def run(
@@ -338,17 +352,8 @@ def export(
             "URL, sqlite:///mlflow.db or a folder; alias challenger.",
         ),
     ] = None,
-    model_name: Annotated[
-        str | None, typer.Option(help="The registered model's name (default: the study's).")
-    ] = None,
-    promote: Annotated[
-        bool,
-        typer.Option(
-            "--promote",
-            help="Move alias champion to the new version when it beats the champion by more "
-            "than one standard error.",
-        ),
-    ] = False,
+    model_name: ModelName = None,
+    promote: Promote = False,
     overwrite: Annotated[
         bool,
         typer.Option(
@@ -470,17 +475,8 @@ def register(
             "challenger."
         ),
     ],
-    model_name: Annotated[
-        str | None, typer.Option(help="The registered model's name (default: the study's).")
-    ] = None,
-    promote: Annotated[
-        bool,
-        typer.Option(
-            "--promote",
-            help="Move alias champion to the new version when it beats the champion by more "
-            "than one standard error.",
-        ),
-    ] = False,
+    model_name: ModelName = None,
+    promote: Promote = False,
 ) -> None:
     """Register a bundle as it is, without retraining: check it, then log and register it.
 

@@ -197,15 +197,18 @@ def wait_for_a_running_trial(storage: str, driver: subprocess.Popen[str], study:
     pytest.fail("no trial ever ran")
 
 
-def cli(*args: str, cwd: Path = REPO, timeout: float = 120) -> subprocess.CompletedProcess:
-    """``python -m search ARGS`` run to its end, output captured as text."""
+def cli(
+    *args: str, cwd: Path = REPO, timeout: float = 120, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess:
+    """``python -m search ARGS`` run to its end, output captured as text (``env``: the
+    process's whole environment; by default this one's, with the repository importable)."""
     return subprocess.run(
         [sys.executable, "-m", "search", *args],
         cwd=cwd,
         capture_output=True,
         text=True,
         timeout=timeout,
-        env={**os.environ, "PYTHONPATH": str(REPO)},
+        env={**os.environ, "PYTHONPATH": str(REPO)} if env is None else env,
     )
 
 

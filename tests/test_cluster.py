@@ -34,7 +34,7 @@ import pytest
 
 from search.record.storage import redact
 from tests.helpers import PG_USER as USER
-from tests.helpers import REPO, Postgres, alive, base_spec, free_port, write_spec
+from tests.helpers import REPO, Postgres, alive, base_spec, cli, free_port, write_spec
 from tests.helpers import checked as _run
 
 pytestmark = [pytest.mark.slow]
@@ -167,14 +167,7 @@ def cluster() -> Iterator[Cluster]:
 
 
 def _cli(args: list[str], env: dict[str, str], cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "search", *args],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    return cli(*args, cwd=cwd, timeout=600, env=env)
 
 
 def _files_holding(secret: str, *roots: Path) -> list[str]:
