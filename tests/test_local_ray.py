@@ -117,7 +117,8 @@ def test_a_local_ray_that_cannot_start_is_one_line_and_leaves_no_trial(tmp_path:
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}  # its own local Ray
     done = subprocess.run(
         [sys.executable, "-m", "search", "run", str(spec), "--results", str(tmp_path / "r")],
-        cwd=REPO, capture_output=True, text=True, timeout=180, env={**env, "RAY_TMPDIR": str(blocker)},
+        cwd=REPO, capture_output=True, text=True, timeout=180,
+        env={**env, "RAY_TMPDIR": str(blocker)},
     )  # fmt: skip
     lines = done.stderr.strip().splitlines()
     assert done.returncode == 2, done.stderr[-3000:]

@@ -56,6 +56,24 @@ def _quiet_token_enabled(record: logging.LogRecord) -> bool:
     return "Token authentication is enabled" not in record.getMessage()
 
 
+_UNHANDLED_LOGGER = "ray._private.worker"
+
+
+def _quiet_full_disk_unhandled(record: logging.LogRecord) -> bool:
+    """Drops Ray's "Unhandled error" of a task that met a full disk: the remote traceback of
+    a trial Tune dropped once the run was cut (the run's one line names the full disk);
+    keeps every other unhandled error.
+
+    Example:
+        >>> record = logging.makeLogRecord({"msg": "Unhandled error (suppress with ...): "
+        ...     "ray::train()\\n  File ...\\nOSError: [Errno 28] No space left on device"})
+        >>> _quiet_full_disk_unhandled(record)
+        False
+    """
+    text = record.getMessage()
+    return not (text.startswith("Unhandled error") and disk_full(RuntimeError(text)) is not None)
+
+
 _SPAWNER: list[int] = []
 """The thread whose child processes start in a process group of their own (while it is
 inside :func:`own_process_group`); empty otherwise."""
@@ -111,6 +129,7 @@ def init_ray(address: str | None, num_cpus: int | None = None, num_gpus: int | N
     use_cluster_token(address)  # Ray 2.60 clusters want RAY_AUTH_MODE=token from drivers
     if address is None:  # a local Ray that turned token auth on says so: news to nobody
         logging.getLogger(_AUTH_LOGGER).addFilter(_quiet_token_enabled)
+    logging.getLogger(_UNHANDLED_LOGGER).addFilter(_quiet_full_disk_unhandled)
     local = address in (None, "local")
     with own_process_group() if address is None else contextlib.nullcontext():
         try:
