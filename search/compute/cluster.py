@@ -8,7 +8,9 @@ process group of their own (:func:`own_process_group`). SIGTERM to the driver's 
 Tune and records while its Ray still answers (:mod:`search.run.signals`); in the driver's
 group, Ray's processes died first, and Tune's clean-up waited out its timeout for the gone
 GCS and ended the process with status 1, no summary. They still die with the driver: Ray binds
-them to it (``PR_SET_PDEATHSIG``), and the driver stops them when it ends.
+them to it (``PR_SET_PDEATHSIG``), and the driver stops them when it ends. Ray's dashboard and
+runtime-env agents, which the raylet starts, Ray does not bind: a watcher stops them once the
+driver is gone, ``kill -9`` included (:func:`search.record.processes.watch_over`).
 
 A local Ray that fails to start (its temp folder unwritable or full, its processes not up in
 time on a loaded machine) is one line, :class:`RayStartError`, with what it started stopped.
@@ -25,6 +27,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from search.errors import SearchError, disk_full, one_line
+from search.record.processes import watch_over
 
 # Tune's per-trial CSV/JSON/TensorBoard loggers cost time on every result and duplicate what
 # the Optuna study records; Tune would also chdir each trial into its own folder, which breaks
@@ -141,6 +144,9 @@ def init_ray(address: str | None, num_cpus: int | None = None, num_gpus: int | N
             if not local or disk_full(exc) is not None:  # --address, a full disk: their line
                 raise
             raise RayStartError(start_failed(exc, _ray_temp())) from None
+    if local:  # its processes die with this one, kill -9 included, whoever runs next
+        with contextlib.suppress(OSError):
+            watch_over(local_ray_processes())
     return local
 
 
