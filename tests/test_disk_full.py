@@ -249,3 +249,46 @@ def test_a_full_disk_in_rays_sync_warning_stops_the_run_and_the_warning_is_not_s
     assert cut == [None] and fault.verdict is not None
     with pytest.raises(DiskFullError, match="for /results: free space"):
         fault.raise_if_met(["/results"])
+
+
+# A driver drops the results of two tasks unread, as Tune drops a cut trial's last ``train()``:
+# one met a real full disk, one a plain error. Ray logs each as "Unhandled error" with the
+# task's remote traceback (a trial's: some 15 frames of Tune) when the result is freed.
+UNHANDLED = """
+import sys, time
+import ray
+from search.compute.cluster import init_ray
+
+@ray.remote
+def write(path):
+    with open(path, "wb") as fh:
+        fh.write(b"x" * 4_000_000)
+
+@ray.remote
+def fails():
+    raise ValueError("a plain error")
+
+init_ray(sys.argv[1])
+refs = [write.remote(sys.argv[2]), fails.remote()]
+time.sleep(5)  # both ran (unread: ray.wait would count as read)
+del refs
+time.sleep(1)
+ray.shutdown()
+"""
+
+
+@pytest.mark.slow
+def test_rays_stack_of_a_task_that_met_the_full_disk_stays_off_the_console(
+    disk: Path, session_ray_address: str
+) -> None:
+    """Before, the run's one line came with Ray's "Unhandled error" and the trial's remote
+    traceback on stderr; the full disk is said once, by the run's line."""
+    _fill(disk)
+    done = subprocess.run(
+        [sys.executable, "-c", UNHANDLED, session_ray_address, str(disk / "checkpoint")],
+        cwd=REPO, capture_output=True, text=True, timeout=180,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "ValueError: a plain error" in done.stderr  # the control: Ray does say it here
+    assert "Errno 28" not in done.stderr and "No space left" not in done.stderr, done.stderr
+    assert "in write\n" not in done.stderr and "fh.write" not in done.stderr, done.stderr

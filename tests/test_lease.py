@@ -309,14 +309,65 @@ def _agents_recorded(db: Path, driver: subprocess.Popen, within_s: float = 120) 
     raise AssertionError(f"the driver recorded no Ray agents: {_lease_of(db)}")
 
 
+def _watchers(driver: int) -> list[int]:
+    """The pids of the watchers (search/record/processes.py) that ``driver`` started."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and "processes.py" in _cmdline(entry.name):
+            try:
+                parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            found += [int(entry.name)] if parent == driver else []
+    return found
+
+
+def _driver(spec: Path, results: Path) -> subprocess.Popen[bytes]:
+    """``search run`` with a local Ray of its own (1 CPU), in a session of its own."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "search", "run", str(spec), "--results", str(results)],
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+        env={**os.environ, "PYTHONPATH": str(REPO), "SEARCH_NUM_CPUS": "1"},
+    )
+
+
+def test_a_killed_drivers_ray_agents_die_with_it_whoever_runs_next(tmp_path: Path) -> None:
+    """``kill -9`` of a driver that started its own Ray: with no next run on this machine
+    (the study taken over from another host, or never run again), its watcher stops every
+    process of that Ray, the agents too. Before, the two agents (about 200 MB) stayed up."""
+    data = base_spec(tmp_path, study="gone", budget={"trials": 2, "max_epochs": 2})
+    data["fixed"] = {"sleep": 0.5}
+    driver = _driver(write_spec(tmp_path / "gone.yaml", data), tmp_path / "r")
+    recorded: list[list[str]] = []
+    try:
+        recorded = _agents_recorded(tmp_path / "optuna.db", driver)
+        assert len(_watchers(driver.pid)) == 1
+        os.kill(driver.pid, signal.SIGKILL)
+        driver.wait()
+        assert all(_gone_soon(int(pid)) for pid, _ in recorded), [
+            _cmdline(pid) for pid, start in recorded if lease_module.proc(pid) == (pid, start)
+        ]
+    finally:
+        if driver.poll() is None:
+            driver.kill()
+            driver.wait()
+        for pid, start in recorded:
+            if lease_module.proc(pid) == (pid, start):
+                os.kill(int(pid), signal.SIGKILL)
+
+
 def test_the_next_run_stops_the_ray_agents_a_killed_driver_left(
     ray_local: None,
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    """``kill -9`` of a driver that started its own Ray: its agents stay, the next run on
-    the machine stops them (by the pids and start times its lease recorded) and completes."""
+    """``kill -9`` of a driver that started its own Ray, and of its watcher: its agents stay,
+    the next run on the machine stops them (by the pids and start times its lease recorded)
+    and completes."""
     from search.run.runner import RunOptions, run_study
     from search.specs.schema import load_spec
 
@@ -336,6 +387,8 @@ def test_the_next_run_stops_the_ray_agents_a_killed_driver_left(
     try:
         recorded = _agents_recorded(tmp_path / "optuna.db", driver)
         dead = _lease_of(tmp_path / "optuna.db")["run"]
+        for watcher in _watchers(driver.pid):  # the backstop, for a watcher killed too
+            os.kill(watcher, signal.SIGKILL)
         os.kill(driver.pid, signal.SIGKILL)  # the driver alone, as kill -9 PID does
         driver.wait()
         time.sleep(1.0)  # its raylet and GCS go with it; the agents do not

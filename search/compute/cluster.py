@@ -8,7 +8,9 @@ process group of their own (:func:`own_process_group`). SIGTERM to the driver's 
 Tune and records while its Ray still answers (:mod:`search.run.signals`); in the driver's
 group, Ray's processes died first, and Tune's clean-up waited out its timeout for the gone
 GCS and ended the process with status 1, no summary. They still die with the driver: Ray binds
-them to it (``PR_SET_PDEATHSIG``), and the driver stops them when it ends.
+them to it (``PR_SET_PDEATHSIG``), and the driver stops them when it ends. Ray's dashboard and
+runtime-env agents, which the raylet starts, Ray does not bind: a watcher stops them once the
+driver is gone, ``kill -9`` included (:func:`search.record.processes.watch_over`).
 
 A local Ray that fails to start (its temp folder unwritable or full, its processes not up in
 time on a loaded machine) is one line, :class:`RayStartError`, with what it started stopped.
@@ -25,6 +27,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from search.errors import SearchError, disk_full, one_line
+from search.record.processes import watch_over
 
 # Tune's per-trial CSV/JSON/TensorBoard loggers cost time on every result and duplicate what
 # the Optuna study records; Tune would also chdir each trial into its own folder, which breaks
@@ -54,6 +57,24 @@ def _quiet_token_enabled(record: logging.LogRecord) -> bool:
     """Drops Ray's note that a local cluster enabled token auth; keeps its other warnings
     (token auth *disabled* is a real one)."""
     return "Token authentication is enabled" not in record.getMessage()
+
+
+_UNHANDLED_LOGGER = "ray._private.worker"
+
+
+def _quiet_full_disk_unhandled(record: logging.LogRecord) -> bool:
+    """Drops Ray's "Unhandled error" of a task that met a full disk: the remote traceback of
+    a trial Tune dropped once the run was cut (the run's one line names the full disk);
+    keeps every other unhandled error.
+
+    Example:
+        >>> record = logging.makeLogRecord({"msg": "Unhandled error (suppress with ...): "
+        ...     "ray::train()\\n  File ...\\nOSError: [Errno 28] No space left on device"})
+        >>> _quiet_full_disk_unhandled(record)
+        False
+    """
+    text = record.getMessage()
+    return not (text.startswith("Unhandled error") and disk_full(RuntimeError(text)) is not None)
 
 
 _SPAWNER: list[int] = []
@@ -111,6 +132,7 @@ def init_ray(address: str | None, num_cpus: int | None = None, num_gpus: int | N
     use_cluster_token(address)  # Ray 2.60 clusters want RAY_AUTH_MODE=token from drivers
     if address is None:  # a local Ray that turned token auth on says so: news to nobody
         logging.getLogger(_AUTH_LOGGER).addFilter(_quiet_token_enabled)
+    logging.getLogger(_UNHANDLED_LOGGER).addFilter(_quiet_full_disk_unhandled)
     local = address in (None, "local")
     with own_process_group() if address is None else contextlib.nullcontext():
         try:
@@ -122,6 +144,9 @@ def init_ray(address: str | None, num_cpus: int | None = None, num_gpus: int | N
             if not local or disk_full(exc) is not None:  # --address, a full disk: their line
                 raise
             raise RayStartError(start_failed(exc, _ray_temp())) from None
+    if local:  # its processes die with this one, kill -9 included, whoever runs next
+        with contextlib.suppress(OSError):
+            watch_over(local_ray_processes())
     return local
 
 

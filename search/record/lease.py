@@ -30,7 +30,8 @@ line (:class:`StudyTakenError`).
 
 A driver that started a local Ray records its processes in the lease too (``ray``: each
 ``[pid, start time]``, renewed with the lease: :meth:`StudyLease.keep`). Ray's agents outlive a
-driver killed with ``kill -9``; the next run that takes the lease from that verifiably gone
+driver killed with ``kill -9``; its watcher stops them (:func:`~search.record.processes.watch_over`)
+and, should it have died too, the next run that takes the lease from that verifiably gone
 holder stops the recorded processes that are still the same processes and prove they are that
 run's own (its id in their environment), and says how many (:mod:`search.record.processes`): a
 forged lease makes it kill nothing. A driver that joined a cluster records none.

@@ -16,13 +16,24 @@ start never has it, and a process of another user cannot be read (nor killed) at
 Python agents rename themselves (``ray::DashboardAgent``), which overwrites the environment
 ``/proc`` shows; such a process passes only as what it is: a Ray process whose Ray is gone (its
 parent is no Ray process any more: :func:`ray_orphan`), never one a live Ray owns.
+
+The lease's stop works only for a next run on the same machine. So a driver that starts a
+local Ray also starts a watcher (:func:`watch_over`): a small process of its own session that
+follows the Ray's processes while the driver lives and, once the driver is gone however it
+went (``kill -9`` included), kills those that are still the same processes. The driver holds
+the write end of a pipe the watcher reads; the kernel closes it when the driver dies. The
+watcher takes its pids from the driver, never from the storage, and runs this file as a
+script (the standard library only), so it costs no import of the package.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import select
 import signal
+import subprocess
+import sys
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
@@ -133,3 +144,60 @@ def stop(recorded: Iterable[Sequence[str]], run_id: str) -> int:
                 os.kill(int(pid), signal.SIGKILL)
                 killed += 1
     return killed
+
+
+_WATCHERS: list[tuple[subprocess.Popen[bytes], int]] = []
+"""The watchers this process started and the write end of each one's pipe, held open (the
+driver's death closes it)."""
+
+WATCH_S = 0.5
+"""How often the watcher looks for the processes the Ray it follows started."""
+
+
+def watch_over(roots: Sequence[int]) -> subprocess.Popen[bytes] | None:
+    """Starts the watcher of this driver's local Ray (``roots``: its first processes), which
+    kills them and what they started once this process is gone (module docstring). Returns it,
+    ``None`` without ``/proc``."""
+    if not roots or not Path("/proc/self/stat").exists():
+        return None
+    read, write = os.pipe()  # not inheritable: no other child of the driver holds it open
+    try:
+        watcher = subprocess.Popen(
+            [sys.executable, "-I", "-S", __file__, *map(str, roots)],
+            stdin=read,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,  # a signal to the driver's group leaves it to its work
+        )
+    except BaseException:
+        os.close(write)
+        raise
+    finally:
+        os.close(read)
+    _WATCHERS.append((watcher, write))
+    return watcher
+
+
+def _watch(roots: list[int]) -> int:
+    """The watcher's loop: notes ``roots`` and their descendants (pid and start time) until
+    standard input ends, then kills those still the same processes; returns how many."""
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, signal.SIG_IGN)
+    seen: dict[str, str] = {}
+    while True:
+        seen.update(proc(pid) for pid in tree(roots))
+        seen.pop("", None)
+        ready, _, _ = select.select([sys.stdin.buffer], [], [], WATCH_S)
+        if ready and not os.read(sys.stdin.fileno(), 4096):  # the driver is gone
+            break
+    killed = 0
+    for pid, start in seen.items():
+        if proc(pid) == (pid, start):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(int(pid), signal.SIGKILL)
+                killed += 1
+    return killed
+
+
+if __name__ == "__main__":  # the watcher (watch_over)
+    _watch([int(pid) for pid in sys.argv[1:]])

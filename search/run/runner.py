@@ -12,7 +12,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
 from search.compute.cluster import init_ray, local_ray_processes
-from search.compute.data import load_data, share
+from search.compute.data import give_back_memory, load_data, share
 from search.record.lease import StudyLease, new_run_id
 from search.record.mlflow_runs import TrialRun
 from search.record.processes import mark
@@ -54,6 +54,7 @@ def run_study(spec: StudySpec, options: RunOptions = RunOptions()) -> RunSummary
     try:
         shared = share(data.result())  # the driver keeps no copy of its own
         del data
+        give_back_memory()  # nor the memory that copy took
     except BaseException:  # the loader raised: a study this run created goes with it
         lease.release()
         _forget_if_new(study)
