@@ -16,7 +16,9 @@ import gc
 import os
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn, TypeVar
 
@@ -37,6 +39,19 @@ app = typer.Typer(
 )
 console = terminal.console()
 F = TypeVar("F", bound=Callable[..., Any])
+IMPORTED = time.monotonic()
+"""When this module was imported: the command's start where the process's own is unknown."""
+
+
+def command_seconds() -> float:
+    """Seconds since this process started (the command's wall time, its imports, checks and
+    Ray's start included); since this module's import without ``psutil``."""
+    try:
+        import psutil
+
+        return max(0.0, time.time() - psutil.Process().create_time())
+    except (ImportError, OSError):
+        return time.monotonic() - IMPORTED
 
 
 def one_line_errors(fn: F) -> F:
@@ -160,7 +175,8 @@ def run(
         with ray_stopping_behind():  # the results and the report need only the study
             done = load_study(parsed.study, parsed.storage)
             folder = write_results(done, parsed, results)
-            print_summary(console, done, summary, folder)
+            # the wall time the user waited, from the command's start, not the runner's
+            print_summary(console, done, replace(summary, seconds=command_seconds()), folder)
             _report_after_run(done, results)
     except StudyTakenError as exc:  # another driver runs the study now: it is not ours to end
         typer.echo(f"error: {one_line(str(exc))}", err=True)

@@ -44,9 +44,11 @@ requires), sets the counters back after the callbacks' ``on_train_begin``, and c
 
 from __future__ import annotations
 
+import contextlib
 import json
+import logging
 import warnings
-from collections.abc import Generator, Mapping, Sequence
+from collections.abc import Generator, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -269,6 +271,19 @@ def save_onnx(
     return found
 
 
+@contextlib.contextmanager
+def _quiet_tensorflow_logger() -> Iterator[None]:
+    """TensorFlow's Python logger at ERROR for the block: the conversion's own calls of TF v1
+    APIs (``convert_variables_to_constants is deprecated``) are not the user's to fix."""
+    logger = logging.getLogger("tensorflow")
+    level = logger.level
+    logger.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        logger.setLevel(level)
+
+
 def _to_onnx(model: Any, path: Path) -> None:
     """Converts ``model`` with tf2onnx from its frozen graph (Keras 3's ``model.export(...,
     format="onnx")`` leaves captured constants, e.g. a ``Normalization`` layer's statistics,
@@ -281,17 +296,18 @@ def _to_onnx(model: Any, path: Path) -> None:
 
     name = str(model.inputs[0].name)
     spec = (tf.TensorSpec(model.inputs[0].shape, model.inputs[0].dtype, name="x"),)
-    frozen = convert_variables_to_constants_v2(
-        tf.function(
-            lambda x: model(x, training=False), input_signature=spec
-        ).get_concrete_function()
-    )
-    proto, _ = tf2onnx.convert.from_graph_def(
-        frozen.graph.as_graph_def(),
-        input_names=[t.name for t in frozen.inputs],
-        output_names=[t.name for t in frozen.outputs],
-        opset=ONNX_OPSET,
-    )
+    with _quiet_tensorflow_logger():  # tf2onnx calls TF v1 APIs: their deprecation notes
+        frozen = convert_variables_to_constants_v2(
+            tf.function(
+                lambda x: model(x, training=False), input_signature=spec
+            ).get_concrete_function()
+        )
+        proto, _ = tf2onnx.convert.from_graph_def(
+            frozen.graph.as_graph_def(),
+            input_names=[t.name for t in frozen.inputs],
+            output_names=[t.name for t in frozen.outputs],
+            opset=ONNX_OPSET,
+        )
     renames = {proto.graph.input[0].name: name, proto.graph.output[0].name: "output_0"}
     for value in (*proto.graph.input, *proto.graph.output):
         value.name = renames.get(value.name, value.name)

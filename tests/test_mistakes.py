@@ -234,3 +234,53 @@ def test_an_export_prints_no_warning_and_keeps_its_confirmation_runs_apart(
     confirm = tmp_path / "results" / "with_model" / "confirm.db"
     (name,) = optuna.get_all_study_names(f"sqlite:///{confirm}")
     assert len(optuna.load_study(study_name=name, storage=f"sqlite:///{confirm}").trials) == 2
+
+
+SLOW_IMPORT = """
+import sys
+import time
+
+if "search.cli" in sys.modules:  # the command's own import (its preflight), not a worker's
+    time.sleep(IMPORT_S)
+
+
+def same_error(config, data, ctx):
+    time.sleep(1.0 + 5.0 * config["alpha"])  # the second trial is still running at the third FAIL
+    raise ValueError("the same error every time")
+    yield {}
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("joins_session_ray")
+def test_a_run_stopped_by_alike_failures_prints_every_fail_and_the_commands_wall_time(
+    tmp_path: Path,
+) -> None:
+    """Issue 35 item 6: the trial running when the run stopped early gets its FAIL line too,
+    and the summary's wall time counts from the command's start (the trainable's slow import
+    included, as a TensorFlow user's is), not from the runner's."""
+    import re
+
+    seconds = 5.0
+    (tmp_path / "slowmod.py").write_text(SLOW_IMPORT.replace("IMPORT_S", str(seconds)))
+    data = {
+        "study": "alike",
+        "trainable": "slowmod:same_error",
+        "objective": {"metric": "val_accuracy", "mode": "max"},
+        "budget": {"trials": 8, "max_epochs": 2},
+        "sampler": {"name": "random", "seed": 0},
+        "storage": f"sqlite:///{tmp_path}/optuna.db",
+        "resources": {"max_concurrent": 2},
+        "faults": {"max_failures": 0},
+        "space": {"alpha": {"uniform": [0.1, 1.0]}},
+    }
+    proc = _cli(tmp_path, "run", str(write_spec(tmp_path / "alike.yaml", data)))
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert "the first 3 trials failed the same way: ValueError" in proc.stderr
+    failed = [t.number for t in _trials(tmp_path, "alike") if t.state.name == "FAIL"]
+    assert len(failed) >= 4, failed  # the run stopped while a trial was still running
+    lines = re.findall(r"\[\s*([\d.]+)s\s+\d+/8\] trial\s+(\d+) FAIL", proc.stderr)
+    assert sorted(int(n) for _, n in lines) == failed, proc.stderr[-3000:]
+    wall = float(re.findall(r"wall time ([\d.]+) s", proc.stdout)[0])
+    # the progress clock starts once Ray Tune does, after the import: the command took longer
+    assert wall >= seconds + max(float(stamp) for stamp, _ in lines), proc.stdout

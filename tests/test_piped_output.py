@@ -3,6 +3,7 @@ terminal), no line and no table cell is wrapped, so a path or a number can be co
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import optuna
@@ -56,3 +57,9 @@ def test_a_failed_trials_line_keeps_its_log_path_whole(tmp_path: Path) -> None:
     study = optuna.load_study(study_name="t", storage=parse_spec(data).storage)
     log = study.trials[0].user_attrs["log"]
     assert len(log) > 80 and f"output: {log})" in line, done.stderr
+    # every path the run printed (the FAIL line's traceback and output, the summary's
+    # folders) is whole on its line: each names a file or folder that is there
+    printed = re.findall(r"(?:traceback|output): ([^;)\s]+)", done.stderr)
+    printed += re.findall(r"(?:results in|report) (/\S+?)/?(?:\s|$)", done.stdout)
+    assert len(printed) >= 3, done.stdout + done.stderr
+    assert all(Path(path).exists() for path in printed), printed

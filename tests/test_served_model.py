@@ -120,10 +120,22 @@ def registered(mlflow_server: str, tmp_path_factory: pytest.TempPathFactory) -> 
 def test_the_registered_model_takes_raw_rows_and_answers_class_names(
     mlflow_server: str, registered: Path
 ) -> None:
+    import logging
+
     import mlflow
 
     mlflow.set_tracking_uri(mlflow_server)
-    model = mlflow.pyfunc.load_model("models:/tumours/1")
+    heard: list[str] = []
+    handler = logging.Handler(logging.WARNING)
+    handler.emit = lambda record: heard.append(record.getMessage())  # type: ignore[method-assign]
+    logging.getLogger("mlflow").addHandler(handler)
+    try:
+        model = mlflow.pyfunc.load_model("models:/tumours/1")
+    finally:
+        logging.getLogger("mlflow").removeHandler(handler)
+    # onnxruntime's CPU provider, asked for by name: no "CUDAExecutionProvider ... unavailable"
+    # on a host without a GPU (mlflow.onnx's own loader warned on every load)
+    assert not [line for line in heard if "ExecutionProvider" in line], heard
     x, y = _table()
     raw = x[::4][:40]  # validation rows as a caller has them: not standardized
     answer = model.predict({"x": raw})

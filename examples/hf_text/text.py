@@ -45,7 +45,7 @@ def dataset(x: np.ndarray, y: np.ndarray) -> Any:
     """A plain torch Dataset of the dicts a Hugging Face model takes."""
     import torch
 
-    ids, labels = torch.from_numpy(x).long(), torch.from_numpy(y).long()
+    ids, labels = torch.tensor(x, dtype=torch.long), torch.tensor(y, dtype=torch.long)  # copies
 
     class Tokens(torch.utils.data.Dataset):
         def __len__(self) -> int:
@@ -105,7 +105,7 @@ def export(
     trained = train_to_end(train, config, data, ctx)
     model = trained.model.eval().cpu()
     model.save_pretrained(out_dir)
-    example = torch.from_numpy(data["x_val"][:2]).long()
+    example = torch.tensor(data["x_val"][:2], dtype=torch.long)
     torch.onnx.export(
         _Logits(model),
         (example,),

@@ -74,7 +74,8 @@ class MLP(lightning.LightningModule):
 
 def loaders(data: Mapping[str, np.ndarray], batch_size: int) -> tuple[DataLoader, DataLoader]:
     """The training loader (shuffled) and the validation loader (one batch)."""
-    tensors = {k: torch.from_numpy(v) for k, v in data.items()}
+    # the arrays are read-only views of Ray's object store: np.array copies them, writable
+    tensors = {k: torch.from_numpy(np.array(v)) for k, v in data.items()}
     train_set = TensorDataset(tensors["x_train"], tensors["y_train"])
     val_set = TensorDataset(tensors["x_val"], tensors["y_val"])
     return (
@@ -110,7 +111,7 @@ def export(
     trained = train_to_end(train, config, data, ctx)
     model = trained.model.eval().float()
     out_dir.mkdir(parents=True, exist_ok=True)
-    example = torch.from_numpy(data["x_val"][:2])
+    example = torch.from_numpy(np.array(data["x_val"][:2]))
     torch.onnx.export(
         model,
         (example,),

@@ -54,8 +54,15 @@ def train(
 ) -> Generator[dict[str, float], None, nn.Module]:
     cfg = {**DEFAULTS, **config}
     torch.manual_seed(ctx.seed)
-    x_tr, y_tr = torch.from_numpy(data["x_train"]), torch.from_numpy(data["y_train"])
-    x_va, y_va = torch.from_numpy(data["x_val"]), torch.from_numpy(data["y_val"])
+    # the arrays are read-only views of Ray's object store: np.array copies them, writable
+    x_tr, y_tr = (
+        torch.from_numpy(np.array(data["x_train"])),
+        torch.from_numpy(np.array(data["y_train"])),
+    )
+    x_va, y_va = (
+        torch.from_numpy(np.array(data["x_val"])),
+        torch.from_numpy(np.array(data["y_val"])),
+    )
     model = build(cfg, x_tr.shape[1])
     opt = torch.optim.AdamW(model.parameters(), lr=cfg["lr"], weight_decay=cfg["weight_decay"])
     loss_fn = nn.BCEWithLogitsLoss()
@@ -84,7 +91,7 @@ def export(
     model = trained.model.eval()
     out_dir.mkdir(parents=True, exist_ok=True)
     torch.save(model.state_dict(), out_dir / "model.pt")
-    example = torch.from_numpy(data["x_val"][:2])
+    example = torch.from_numpy(np.array(data["x_val"][:2]))
     torch.onnx.export(
         model,
         (example,),

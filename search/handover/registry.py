@@ -9,8 +9,8 @@ reads only that folder and, in the MLflow experiment named after the study:
    data declaration and its fingerprint), and the whole bundle under ``bundle/``
    (``MODEL_CARD.md``, ``metrics.json``, ``learning_curves.png``, ``config.yaml``, the
    framework's native weights);
-2. logs the model, pickle-free: ``mlflow.onnx`` when the bundle has ``model.onnx``, else
-   TensorFlow's flavor from ``model.keras``; with a signature and an input example from
+2. logs the model, pickle-free: the served pyfunc around ``model.onnx`` when the bundle has
+   one, else TensorFlow's flavor from ``model.keras``; with a signature and an input example from
    ``inputs.json``;
 3. registers a new version of the model (default: the study's name), sets ``challenger`` on
    it, tags it with the study, the trial and the confirmed numbers, and with ``--promote``

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from search.compute.data import load_data
 from search.compute.job import trial_context, trial_job
 from search.compute.limits import disarm, prepare
+from search.compute.quiet import native_noise_filtered
 from search.contract import Epoch, declarations, drive, nonfinite_reason
 from search.contract.driver import no_model, returns_model
 from search.errors import SearchError
@@ -74,16 +75,19 @@ def train_once(
     )
     history: list[dict[str, float]] = []
     reason: str | None = None
-    declared, limits = prepare(spec.trainable, ctx)
-    try:
-        with closing(drive(declared.train(config, data, ctx), spec.budget.max_epochs)) as run:
-            for epoch in run:
-                history.append({k: v for k, v in epoch.metrics.items() if isinstance(v, float)})
-                reason = epoch.fail_reason
-                if on_epoch is not None:
-                    on_epoch(epoch)
-    finally:
-        disarm()  # this process may go on (train, export, a test): TF imported later is its own
+    with native_noise_filtered():  # TensorFlow's start-up lines, if the trainable starts it
+        declared, limits = prepare(spec.trainable, ctx)
+        try:
+            train = declared.train(config, data, ctx)
+            with closing(drive(train, spec.budget.max_epochs)) as run:
+                for epoch in run:
+                    metrics = epoch.metrics.items()
+                    history.append({k: v for k, v in metrics if isinstance(v, float)})
+                    reason = epoch.fail_reason
+                    if on_epoch is not None:
+                        on_epoch(epoch)
+        finally:
+            disarm()  # this process may go on (train, export, a test): TF imported later is its own
     return history, reason or (None if history else "the trainable yielded no epoch"), limits
 
 
@@ -175,13 +179,14 @@ def export_model(
         trial_dir=folder,
         history=history,
     )
-    declared, _ = prepare(spec.trainable, ctx)
-    try:
-        if declared.export is None:
-            raise ExportError(no_hook(spec.trainable))
-        final = declared.export(config, data, ctx, out_dir)
-    finally:
-        disarm()
+    with native_noise_filtered():  # TensorFlow's start-up lines, if the hook starts it
+        declared, _ = prepare(spec.trainable, ctx)
+        try:
+            if declared.export is None:
+                raise ExportError(no_hook(spec.trainable))
+            final = declared.export(config, data, ctx, out_dir)
+        finally:
+            disarm()
     reason = nonfinite_reason(final, len(history)) if final else "no epoch trained"
     return final, reason
 
@@ -200,7 +205,9 @@ def check_returns_model(spec: StudySpec, config: Mapping[str, Any], data: Datase
         return
     with tempfile.TemporaryDirectory(prefix="search-probe-") as folder:
         ctx = trial_context(trial_job(spec, data), seed=0, trial_dir=folder)
-        if returns_model(found.export, config, data, ctx, Path(folder)) is False:
+        with native_noise_filtered():  # the first place an export may start TensorFlow
+            made = returns_model(found.export, config, data, ctx, Path(folder))
+        if made is False:
             raise ExportError(no_model(found.train))
 
 

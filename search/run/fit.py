@@ -140,6 +140,7 @@ def fit(
     stopper = RunStopper(spec.budget.time_limit_s, bridge.mark_interrupted, abort)
     meter = _device_budget(spec, placement, bridge)
     stragglers = StopStragglers(lambda: stopper.stopped or meter.exhausted)
+    progress = _progress(spec, bridge, options)
     tuner = _tuner(
         spec,
         options,
@@ -149,6 +150,7 @@ def fit(
         CombinedStopper(stopper, meter),
         budget,
         [ErrorCallback(bridge, fault), stragglers],
+        progress,
     )
     try:
         # SIGTERM, Ctrl-C (search/run/signals.py), a full disk: the run stops. The trials
@@ -169,6 +171,8 @@ def fit(
             cause = bridge.cut_by or cause
             if storage.outage.gave_up is None:  # else nothing can be written: the next run
                 bridge.finalize("run stopped early" if verdict() else cause)  # settles them
+                for shown in progress:  # the lines of the trials finalize settled
+                    shown.settled()
         finally:
             try:
                 storage.close()
@@ -225,9 +229,11 @@ def _tuner(
     stopper: Stopper,
     budget: int,
     watchers: list[Callback],
+    progress: list[ProgressCallback],
 ) -> Any:
     """The Tune ``Tuner``: the trainable with its resources, ASHA (rungs refilled on a resume),
-    the bridge as searcher, retries, and our callbacks (``watchers`` first)."""
+    the bridge as searcher, retries, and our callbacks (``watchers`` first, ``progress`` after
+    the stall watch)."""
     from ray import tune
     from ray.tune.search import ConcurrencyLimiter
 
@@ -262,7 +268,7 @@ def _tuner(
                 *watchers,
                 StallWatch(spec.faults.stall_s, bridge.mark_stalled),
                 *([OomRetry()] if packed else []),
-                *_progress(spec, bridge, options),
+                *progress,
                 *options.callbacks,
             ],
             verbose=options.verbose,
@@ -318,7 +324,7 @@ def place(spec: StudySpec, data: SharedData) -> Placement:
     return resolve(res, cluster, measured, data_parallel=mode)
 
 
-def _progress(spec: StudySpec, bridge: OptunaBridge, options: RunOptions) -> list[Callback]:
+def _progress(spec: StudySpec, bridge: OptunaBridge, options: RunOptions) -> list[ProgressCallback]:
     if not options.progress:
         return []
     objective, budget, asha = spec.primary, spec.budget, spec.asha

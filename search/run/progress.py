@@ -104,10 +104,12 @@ class ProgressCallback(Callback):
         self._states: dict[str, int] = {"COMPLETE": 0, "PRUNED": 0, "FAIL": 0}
         self._epochs: dict[str, int] = {}  # Ray trial id -> last epoch reported
         self._running: set[str] = set()
+        self._seen: dict[str, Trial] = {}  # Ray trial id -> the trial, for :meth:`settled`
+        self._shown: set[str] = set()  # Ray trial ids whose line is printed
         self._dropped: set[str] = set()  # metric names already said to be left out
 
     def __getstate__(self) -> dict[str, Any]:  # Ray pickles callbacks; consoles have locks
-        return {**self.__dict__, "_console": None, "_live": None}
+        return {**self.__dict__, "_console": None, "_live": None, "_seen": {}}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
@@ -192,6 +194,7 @@ class ProgressCallback(Callback):
         self, iteration: int, trials: list[Trial], trial: Trial, **info: Any
     ) -> None:
         self._running.add(trial.trial_id)
+        self._seen[trial.trial_id] = trial
 
     def on_trial_result(
         self, iteration: int, trials: list[Trial], trial: Trial, result: dict[str, Any], **info: Any
@@ -200,6 +203,7 @@ class ProgressCallback(Callback):
         if isinstance(epoch, int | float):
             self._epochs[trial.trial_id] = max(int(epoch), self._epochs.get(trial.trial_id, 0))
         self._running.add(trial.trial_id)
+        self._seen[trial.trial_id] = trial
 
     def on_trial_complete(
         self, iteration: int, trials: list[Trial], trial: Trial, **info: Any
@@ -213,6 +217,17 @@ class ProgressCallback(Callback):
 
     def on_experiment_end(self, trials: list[Trial], **info: Any) -> None:
         self.close()
+        self._seen.update((t.trial_id, t) for t in trials)
+
+    def settled(self) -> None:
+        """The line of each trial the run settled after Tune's loop ended (those running when
+        the run stopped early, at a signal, at the budget: Tune tells no callback of them),
+        then the rung counts. Called once the bridge has told the study every trial's fate."""
+        self.close()
+        for trial_id in self._bridge.finished:
+            trial = self._seen.get(trial_id)
+            if trial_id not in self._shown and trial is not None:
+                self._line(trial)
         rungs = self.rung_text()
         if rungs and self._done:
             self._console.print(f"[dim]{rungs} (trials that reached each milestone epoch)[/dim]")
@@ -234,6 +249,7 @@ class ProgressCallback(Callback):
 
     def _line(self, trial: Trial) -> None:
         self._running.discard(trial.trial_id)
+        self._shown.add(trial.trial_id)
         number, state = self._bridge.finished.get(trial.trial_id, (-1, "?"))
         result = trial.last_result or {}
         value = result.get(self._metric)
