@@ -16,7 +16,7 @@ from typing import Any
 import optuna
 import pytest
 
-from tests.helpers import REPO, write_spec
+from tests.helpers import REPO, base_spec, write_spec
 
 USER_MODULE = """
 from search import train_to_end, trainable
@@ -263,17 +263,15 @@ def test_a_run_stopped_by_alike_failures_prints_every_fail_and_the_commands_wall
 
     seconds = 5.0
     (tmp_path / "slowmod.py").write_text(SLOW_IMPORT.replace("IMPORT_S", str(seconds)))
-    data = {
-        "study": "alike",
-        "trainable": "slowmod:same_error",
-        "objective": {"metric": "val_accuracy", "mode": "max"},
-        "budget": {"trials": 8, "max_epochs": 2},
-        "sampler": {"name": "random", "seed": 0},
-        "storage": f"sqlite:///{tmp_path}/optuna.db",
-        "resources": {"max_concurrent": 2},
-        "faults": {"max_failures": 0},
-        "space": {"alpha": {"uniform": [0.1, 1.0]}},
-    }
+    data = base_spec(
+        tmp_path,
+        study="alike",
+        trainable="slowmod:same_error",
+        budget={"trials": 8, "max_epochs": 2},
+        resources={"max_concurrent": 2},
+        faults={"max_failures": 0},
+        space={"alpha": {"uniform": [0.1, 1.0]}},
+    )
     proc = _cli(tmp_path, "run", str(write_spec(tmp_path / "alike.yaml", data)))
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert "the first 3 trials failed the same way: ValueError" in proc.stderr

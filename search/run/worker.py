@@ -223,6 +223,7 @@ def _run(
         epochs = train(params if reads is None else reads, data, ctx)
     planned = job.workers * job.share.replicas
     last = ctx.start_epoch - 1
+    named: frozenset[str] | None = None  # the code's names: read once, after a bulk read
     try:
         with closing(drive(epochs, job.max_epochs, ctx.start_epoch, job.required)) as run:
             for epoch in run:
@@ -238,7 +239,8 @@ def _run(
                 if epoch.dropped:
                     report[DROPPED] = list(epoch.dropped)
                 if reads is not None:
-                    named = code_names(train) if reads.bulk else None
+                    if reads.bulk and named is None:  # walks sys.modules: not every epoch
+                        named = code_names(train)
                     report.update({UNREAD: reads.unread(named), MISSED: reads.missed()})
                 if epoch.fail_reason:
                     report.update(_failed(job.metric, epoch.metrics, epoch.fail_reason))
