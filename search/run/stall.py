@@ -194,9 +194,10 @@ class StopStragglers(Callback):
         self._grace_s = grace_s
         self._actors: dict[str, Any] = {}  # trial id -> the actor of a running trial
         self._armed = False
+        self._timer: threading.Timer | None = None
 
-    def __getstate__(self) -> dict[str, Any]:  # Ray pickles callbacks: actor handles stay
-        return {**self.__dict__, "_actors": {}}
+    def __getstate__(self) -> dict[str, Any]:  # Ray pickles callbacks: handles stay
+        return {**self.__dict__, "_actors": {}, "_timer": None}
 
     def on_trial_start(
         self, iteration: int, trials: list[Trial], trial: Trial, **info: Any
@@ -217,15 +218,21 @@ class StopStragglers(Callback):
             return
         self._armed = True
         actors = list(self._actors.values())
-        timer = threading.Timer(self._grace_s, _kill_actors, args=(actors,))
-        timer.daemon = True  # the run may end before it fires
-        timer.start()
+        self._timer = threading.Timer(self._grace_s, _kill_actors, args=(actors,))
+        self._timer.daemon = True  # the run may end before it fires
+        self._timer.start()
+
+    def on_experiment_end(self, trials: list[Trial], **info: Any) -> None:
+        if self._timer is not None:  # every trial ended: nothing left to kill
+            self._timer.cancel()
 
 
 def _kill_actors(actors: list[Any]) -> None:
     """Kills each actor (one that already ended costs nothing); Tune then counts it stopped."""
     import ray
 
+    if not ray.is_initialized():  # the run ended first: a Ray call now would start a new Ray
+        return
     for actor in actors:
         with contextlib.suppress(Exception):  # Ray shut down, or the actor is gone
             ray.kill(actor, no_restart=True)
