@@ -130,6 +130,10 @@ def stop(proc: subprocess.Popen[bytes]) -> None:
         proc.wait()
 
 
+TF_NOISE = ("absl::InitializeLog", "cudart_stub", "cuInit", "oneDNN", "cpu_feature_guard")
+"""TensorFlow's start-up lines (absl's, CUDA's, a ``cuInit`` error on a host without a GPU,
+oneDNN's): none reaches the console of a command (``search.compute.quiet``)."""
+
 MLFLOW_SERVER_ENV = {"MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
 """What an ``mlflow server`` of the tests runs with: no job execution, so it starts no Huey job
 runner and consumers (eight Python processes beside the server, importing MLflow each, that

@@ -15,7 +15,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from tests.helpers import REPO
+from tests.helpers import REPO, TF_NOISE
 
 pytestmark = [pytest.mark.slow]
 
@@ -112,3 +112,17 @@ def test_an_example_runs_exports_and_trains_again(
     again = done.commands["train"]
     assert again.returncode == 0, again.stderr[-2000:]
     assert "reproduces the exported" in again.stdout
+
+
+def test_the_keras_examples_export_prints_no_tensorflow_start_up_lines(
+    pipelines: dict[str, Pipeline],
+) -> None:
+    """TensorFlow's start-up lines and tf2onnx's deprecation notes stay off the console of a
+    Keras export (``search.compute.quiet``), and the export still writes its ONNX model."""
+    if "keras_fit" not in pipelines:
+        pytest.skip("tensorflow is not installed")
+    done = pipelines["keras_fit"]
+    export = done.commands["export"]
+    assert export.returncode == 0, export.stderr[-2000:]
+    assert (done.bundle / "model.onnx").is_file()
+    assert not [n for n in (*TF_NOISE, "is deprecated") if n in export.stderr], export.stderr

@@ -1,18 +1,17 @@
 """TensorFlow's start-up lines (absl's, CUDA's, a ``cuInit`` error on a host without a GPU)
 and tf2onnx's deprecation notes stay off the console of a Keras export; the user's own
-warnings and lines still show (issue 35 item 7)."""
+warnings and lines still show (issue 35 item 7). A whole Keras export's console is checked
+with the examples (``tests/test_examples.py``), whose Keras example exports once."""
 
 from __future__ import annotations
 
 import importlib.util
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-from tests.helpers import REPO
-from tests.helpers import cli as _cli
+from tests.helpers import REPO, TF_NOISE
 
 pytestmark = [
     pytest.mark.tf,
@@ -21,7 +20,6 @@ pytestmark = [
     ),
 ]
 
-NOISE = ("absl::InitializeLog", "cudart_stub", "cuInit", "oneDNN", "cpu_feature_guard")
 
 FILTERED = """
 import os, sys, warnings
@@ -43,7 +41,7 @@ def test_the_filter_drops_tensorflows_start_up_lines_and_keeps_the_rest() -> Non
         cwd=REPO, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
-    assert not [n for n in NOISE if n in done.stderr], done.stderr
+    assert not [n for n in TF_NOISE if n in done.stderr], done.stderr
     for kept in (
         "UserWarning: the user's own warning",
         "my_op.cc:3] the user's own op failed\n",
@@ -52,17 +50,3 @@ def test_the_filter_drops_tensorflows_start_up_lines_and_keeps_the_rest() -> Non
         "after the block\n",
     ):
         assert kept in done.stderr, done.stderr
-
-
-@pytest.mark.slow
-@pytest.mark.usefixtures("joins_session_ray")
-def test_a_keras_export_prints_no_tensorflow_start_up_lines(tmp_path: Path) -> None:
-    storage = f"sqlite:///{tmp_path}/optuna.db"
-    common = ["--storage", storage, "--results", str(tmp_path / "r")]
-    spec = "examples/keras_fit/space.yaml"
-    run = _cli("run", spec, "--trials", "1", "--max-epochs", "2", *common, timeout=300)
-    assert run.returncode == 0, run.stderr[-3000:]
-    done = _cli("export", "wine-keras", "--top-k", "1", "--seeds", "1", *common, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    assert (tmp_path / "r" / "wine-keras" / "export" / "model.onnx").is_file()
-    assert not [n for n in (*NOISE, "is deprecated") if n in done.stderr], done.stderr
