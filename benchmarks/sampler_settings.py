@@ -43,7 +43,8 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
-from benchmarks.tables import SPACES, TASKS, Table, load, log_regret, space  # noqa: E402
+from benchmarks.functions import FUNCTIONS, Function  # noqa: E402
+from benchmarks.tables import SPACES, TASKS, Table, load, space  # noqa: E402
 
 OUT = REPO / "results" / "benchmarks" / "sampler_settings"
 SEQUENTIAL = "optuna-tpe"
@@ -99,24 +100,29 @@ class Run:
 
 
 @functools.cache
-def _table(name: str) -> Table:
+def _table(name: str) -> Table | Function:
     """A table by its task (``hpolib/slice_localization``) or its dataset's name alone,
-    loaded once per process."""
+    loaded once per process; or a function of :data:`benchmarks.functions.FUNCTIONS`."""
+    if name in FUNCTIONS:
+        return FUNCTIONS[name]
     return load(name if "/" in name else next(t for t in TASKS if t.endswith(f"/{name}")))
 
 
 def _tables(names: list[str]) -> list[str]:
-    """``all``, ``hpolib``, ``hpobench`` or table names, as tasks in :data:`TASKS` order."""
+    """``all``, ``hpolib``, ``hpobench``, table names or functions (``hartmann6``), as tasks
+    in :data:`TASKS` order, the functions last."""
     found: list[str] = []
     for name in names:
         hits = [t for t in TASKS if name in ("all", t, t.split("/")[0], t.split("/")[1])]
+        hits += [name] if name in FUNCTIONS else []
         if not hits:
-            raise SystemExit(f"error: --tables: unknown table {name!r}; one of {', '.join(TASKS)}")
+            known = ", ".join([*TASKS, *FUNCTIONS])
+            raise SystemExit(f"error: --tables: unknown table {name!r}; one of {known}")
         found += [t for t in hits if t not in found]
-    return [t for t in TASKS if t in found]
+    return [t for t in [*TASKS, *FUNCTIONS] if t in found]
 
 
-def _spec(table: Table, name: str, args: dict[str, Any], seed: int, kind: str) -> Any:
+def _spec(table: Table | Function, name: str, args: dict[str, Any], seed: int, kind: str) -> Any:
     """The spec a user writes for the table (one of :data:`SPACES`) and sampler."""
     from search.specs.schema import parse_spec
 
@@ -126,12 +132,14 @@ def _spec(table: Table, name: str, args: dict[str, Any], seed: int, kind: str) -
             "trainable": "search.testing:curve",
             "objective": {"metric": "val_loss", "mode": "min"},
             "sampler": {"name": name, "seed": seed, "args": args},
-            "space": space(table, kind),
+            "space": table.space() if isinstance(table, Function) else space(table, kind),
         }
     )
 
 
-def _study(table: Table, contender: str, seed: int, k: int, kind: str) -> tuple[Any, Any]:
+def _study(
+    table: Table | Function, contender: str, seed: int, k: int, kind: str
+) -> tuple[Any, Any]:
     """A fresh in-memory study with the contender's sampler, as the runner builds it (then
     configured for ``k`` at once), and the spec whose space the trials sample."""
     import optuna
@@ -159,7 +167,13 @@ def _study(table: Table, contender: str, seed: int, k: int, kind: str) -> tuple[
 
 
 def simulate(
-    table: Table, study: Any, spec: Any, seed: int, k: int, trials: int, kind: str = "index"
+    table: Table | Function,
+    study: Any,
+    spec: Any,
+    seed: int,
+    k: int,
+    trials: int,
+    kind: str = "index",
 ) -> list[tuple[float, float, float]]:
     """Runs ``trials`` trials on ``study`` (sampling ``spec``'s space, of ``kind``), ``k`` at
     once, each for its recorded training time; returns per finished trial, in order of
@@ -177,10 +191,8 @@ def simulate(
     while len(done) < trials:
         while len(running) < k and asked < trials:
             trial = study.ask()
-            row = table.row(sample(trial, spec.space), kind)
-            column = int(rng.integers(table.loss.shape[1]))
-            value, cost = float(table.loss[row, column]), float(table.cost[row, column])
-            heapq.heappush(running, (now + cost, next(order), trial, value, table.mean_loss[row]))
+            value, cost, mean = table.observe(sample(trial, spec.space), kind, rng)
+            heapq.heappush(running, (now + cost, next(order), trial, value, mean))
             asked += 1
         now, _, trial, value, mean = heapq.heappop(running)
         study.tell(trial, value)
@@ -188,19 +200,15 @@ def simulate(
     return done
 
 
-def incumbent(table: Table, done: list[tuple[float, float, float]]) -> list[float]:
+def incumbent(table: Table | Function, done: list[tuple[float, float, float]]) -> list[float]:
     """The log10 regret of the incumbent after each finished trial: the config with the
     best reported loss so far, as a user picks it."""
     best, mean, out = math.inf, math.nan, []
     for _, value, trial_mean in done:
         if value < best:
             best, mean = value, trial_mean
-        out.append(_log_regret(table, mean))
+        out.append(table.log_regret(mean))
     return out
-
-
-def _log_regret(table: Table, mean_loss: float) -> float:
-    return log_regret(table, mean_loss - float(table.mean_loss.min()))
 
 
 def run_one(run: Run) -> dict[str, Any]:
@@ -316,6 +324,8 @@ def _print_good_start(args: argparse.Namespace) -> None:
     sampler = args.samplers[0]
     if sampler == SEQUENTIAL:
         raise SystemExit(f"error: --good-start: {SEQUENTIAL} has no start_from; name another")
+    if any(t in FUNCTIONS for t in _tables(args.tables)):
+        raise SystemExit("error: --good-start: takes published tables only, not functions")
     marks = [m for m in (10, 25, 50) if m <= args.trials]
     print(f"sampler {sampler}")
     print("| table | K | start | " + " | ".join(f"@{m}" for m in marks) + " |")
@@ -323,6 +333,7 @@ def _print_good_start(args: argparse.Namespace) -> None:
     with tempfile.TemporaryDirectory() as folder:
         for task in _tables(args.tables):
             table = _table(task)
+            assert isinstance(table, Table)  # functions are refused above
             for k in args.concurrency:
                 for start in ("cold", "start", "warm"):
                     curves = [
@@ -331,7 +342,7 @@ def _print_good_start(args: argparse.Namespace) -> None:
                     ]
                     cells = []
                     for m in marks:
-                        regrets = [_log_regret(table, c[m - 1]) for c in curves]
+                        regrets = [table.log_regret(c[m - 1]) for c in curves]
                         cells.append(f"{statistics.median(regrets):.2f}")
                     print(f"| {task} | {k} | {start} | " + " | ".join(cells) + " |", flush=True)
 

@@ -117,7 +117,7 @@ def _regret_table(med: dict[Key, dict[int, float]], tasks: list[str], who: list[
         for w in who:
             if (task, w) in med:
                 cells = [_num(med[(task, w)].get(m)) for m in MARKS]
-                lines.append(f"| {task.split('/')[1]} | {w} | " + " | ".join(cells) + " |")
+                lines.append(f"| {task.split('/')[-1]} | {w} | " + " | ".join(cells) + " |")
     return lines
 
 
@@ -153,7 +153,7 @@ def _peer_table(med: dict[Key, dict[int, float]], tasks: list[str], who: list[st
 
 
 def _speedup_table(speed: dict[Key, float], tasks: list[str], who: list[str]) -> list[str]:
-    lines = ["| contender | " + " | ".join(t.split("/")[1] for t in tasks) + " | median | >= 8x |"]
+    lines = ["| contender | " + " | ".join(t.split("/")[-1] for t in tasks) + " | median | >= 8x |"]
     lines.append("|---|" + "---:|" * (len(tasks) + 2))
     for w in who:
         mine = [speed[(t, w)] for t in tasks if (t, w) in speed]
@@ -183,7 +183,8 @@ def report(runs: list[dict[str, Any]]) -> str:
     out = ["# Samplers at K trials at once, in process (benchmarks/sampler_settings.py)"]
     for kind in sorted({r["space"] for r in runs}):
         mine = [r for r in runs if r["space"] == kind]
-        tasks = [t for t in TASKS if any(r["task"] == t for r in mine)]
+        named = {r["task"] for r in mine}
+        tasks = [t for t in TASKS if t in named] + sorted(named - set(TASKS))  # then functions
         who = _order({label(r) for r in mine})
         seeds = {w: len({r["seed"] for r in mine if label(r) == w}) for w in who}
         med = medians(mine)

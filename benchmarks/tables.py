@@ -124,6 +124,19 @@ class Table:
             out[name] = values[index] if by_value else index
         return dict(reversed(out.items()))
 
+    def observe(
+        self, params: Mapping[str, Any], space: str, rng: np.random.Generator
+    ) -> tuple[float, float, float]:
+        """One trial of a config (written as ``space`` writes it) on a recorded seed drawn by
+        ``rng``: its loss, its training time and its config's mean loss."""
+        row = self.row(params, space)
+        column = int(rng.integers(self.loss.shape[1]))
+        return float(self.loss[row, column]), float(self.cost[row, column]), self.mean_loss[row]
+
+    def log_regret(self, mean_loss: float) -> float:
+        """``log10`` of the regret of a config's mean loss (:func:`log_regret`)."""
+        return log_regret(self, mean_loss - float(self.mean_loss.min()))
+
     def draw(self, row: int, seed: int) -> tuple[float, float]:
         """One recorded seed of config ``row``, chosen by ``seed``: its metric (as recorded,
         not as a loss) and its training time."""
