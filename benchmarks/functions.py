@@ -3,8 +3,8 @@
 The published tables (``benchmarks/tables.py``) give each parameter a few values that
 interact weakly. A user's space is often the other kind: a learning rate, a weight decay, a
 dropout, continuous and interacting. :class:`Function` puts a closed-form function behind
-the same two calls the simulation makes of a :class:`~benchmarks.tables.Table`
-(:meth:`Function.observe` and :attr:`Function.best_loss`), so a sampler's plan for K trials
+the two calls the simulation makes of a :class:`~benchmarks.tables.Table`
+(:meth:`Function.observe` and :meth:`Function.log_regret`), so a sampler's plan for K trials
 at once is measured on both kinds of space.
 
 ``hartmann6``: Hartmann 6 at full fidelity (``benchmarks/mfhartmann.py``), six ``uniform``
@@ -12,8 +12,9 @@ parameters on ``[0, 1]``, its value observed without noise; every trial costs 1 
 (drawn by the run's seed), so results arrive out of the order they were asked.
 
 Example:
+    >>> from benchmarks.mfhartmann import X_STAR
     >>> f = FUNCTIONS["hartmann6"]
-    >>> value, cost, mean = f.observe(dict(zip(f.names, X_STAR)), "index", _rng())
+    >>> value, cost, mean = f.observe(dict(zip(f.names, X_STAR)), "index", np.random.default_rng(0))
     >>> round(value - f.best_loss, 4), 0.5 <= cost <= 1.5
     (0.0, True)
 """
@@ -27,9 +28,9 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.mfhartmann import F_STAR, PARAMS, X_STAR, hartmann6
+from benchmarks.mfhartmann import F_STAR, PARAMS, hartmann6
 
-__all__ = ["FUNCTIONS", "Function", "X_STAR"]
+__all__ = ["FUNCTIONS", "Function"]
 
 
 @dataclass(frozen=True)
@@ -69,7 +70,3 @@ class Function:
 
 FUNCTIONS = {"hartmann6": Function("hartmann6", PARAMS, hartmann6, F_STAR)}
 """Every function, by task name."""
-
-
-def _rng() -> np.random.Generator:
-    return np.random.default_rng(0)
