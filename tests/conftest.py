@@ -40,12 +40,11 @@ except ImportError:  # a run without the torch extra still collects the framewor
 SLOWEST_FIRST = (
     # file: its time here, summed over its tests, in a two-worker `make test` (seconds,
     # 2026-12-04; test_quiet.py after its Keras export moved to test_examples.py)
-    "test_examples.py",  # 166
+    "test_examples.py",  # 166, and 5 for the Keras registry test
     "test_run_e2e.py",  # 85
     "test_quality.py",  # 82
     "test_mistakes.py",  # 76
     "test_sigterm.py",  # 75
-    "test_registry_export.py",  # 73
     "test_resume.py",  # 70
     "test_tf_trainables.py",  # 68
     "test_chaos.py",  # 67
@@ -61,6 +60,7 @@ SLOWEST_FIRST = (
     "test_placement.py",  # 43
     "test_cli.py",  # 41
     "test_lease.py",  # 37
+    "test_registry_export.py",  # 37 (its Keras test moved to test_examples.py)
     "test_stall.py",  # 29
     "test_torch_trainables.py",  # 27
     "test_takeover.py",  # 26

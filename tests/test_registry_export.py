@@ -1,7 +1,8 @@
 """``python -m search export --mlflow`` end to end against a real ``mlflow server``
 (tests/conftest.py): every point of ``--pareto`` registered, through a tracking URI whose
-password is kept out of everything written (one export proves both), and a Keras winner
-registered and served by ``mlflow models serve``.
+password is kept out of everything written (one export proves both). A Keras winner
+registered and served by ``mlflow models serve`` is tested on the Keras example's own export
+(tests/test_examples.py).
 
 The studies are built in their storage with the user attributes the runner writes (as in
 tests/test_pareto_export.py); ``export`` itself runs for real: confirmation runs on the
@@ -10,25 +11,19 @@ session's Ray, the final model, the bundle, the registry.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-import optuna
 import pytest
-import yaml
-from optuna.distributions import CategoricalDistribution, FloatDistribution
+from optuna.distributions import FloatDistribution
 from optuna.trial import TrialState, create_trial
 
-from search.contract.inputs import read_inputs
-from search.handover.mlflow_model import raw
-from search.record.study import confirm_storage, open_study, record_spec
+from search.record.study import open_study, record_spec
 from search.specs.schema import parse_spec
 from tests.helpers import PARETO_POINTS as POINTS
-from tests.helpers import REPO, answers, base_spec, built_study, free_port, served
+from tests.helpers import base_spec, built_study, free_port
 from tests.helpers import cli as _cli
 
 pytest.importorskip("mlflow")
@@ -147,61 +142,3 @@ def _curve_trial(x: float) -> Any:
         intermediate_values={1: x / 2, 2: 0.75 * x},
         user_attrs={"epochs": 2, "seconds": 0.1, "device": "cpu", "metrics": metrics},
     )
-
-
-def _keras_study(tmp_path: Path) -> str:
-    """The wine example's study (examples/keras_fit), one COMPLETE trial, 2 epochs."""
-    data = yaml.safe_load((REPO / "examples" / "keras_fit" / "space.yaml").read_text())
-    data |= {"storage": f"sqlite:///{tmp_path}/keras.db", "budget": {"trials": 1, "max_epochs": 2}}
-    spec = parse_spec(data)
-    study = open_study(spec)
-    record_spec(study, spec)
-    params = {"lr": 0.05, "units": 8}
-    study.add_trial(
-        create_trial(
-            state=TrialState.COMPLETE,
-            value=0.9,
-            params=params,
-            distributions={
-                "lr": FloatDistribution(1e-3, 1e-1, log=True),
-                "units": CategoricalDistribution([8, 16, 32]),
-            },
-            intermediate_values={1: 0.8, 2: 0.9},
-            user_attrs={"epochs": 2, "seconds": 1.0, "device": "cpu"},
-        )
-    )
-    return spec.storage
-
-
-@pytest.mark.tf
-def test_a_keras_winner_is_registered_and_served(mlflow_server: str, tmp_path: Path) -> None:
-    if importlib.util.find_spec("tensorflow") is None:  # only export's process imports it
-        pytest.skip("could not import 'tensorflow'")
-    import onnxruntime as ort
-
-    storage = _keras_study(tmp_path)
-    out = tmp_path / "bundle"
-    proc = _cli(
-        "export", "wine-keras", "--storage", storage, "--top-k", "1", "--seeds", "1",
-        "--out", str(out), "--results", str(tmp_path / "r"), "--mlflow", mlflow_server,
-        "--model-name", "wine-keras", timeout=600,
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert {"model.keras", "model.onnx", "inputs.json"} <= {p.name for p in out.iterdir()}
-    noted = json.loads((out / "metrics.json").read_text())
-    assert noted["registered_model"]["uri"] == "models:/wine-keras/1"
-
-    declared = read_inputs(out)
-    assert declared is not None
-    session = ort.InferenceSession(str(out / "model.onnx"), providers=["CPUExecutionProvider"])
-    name = session.get_inputs()[0].name
-    with np.load(out / "validation.npz") as npz:
-        x = np.asarray(npz[name], dtype=np.float32)[:5]
-    expected = session.run(None, {name: x})[0]
-    with served("models:/wine-keras@challenger", mlflow_server, tmp_path) as url:
-        labels, logits = answers(url, {name: raw(declared.inputs[0], x)})
-    np.testing.assert_allclose(logits, expected, atol=1e-5)
-    best = expected.argmax(1).tolist()
-    assert labels == ([declared.classes[i] for i in best] if declared.classes else best)
-    confirms = confirm_storage(tmp_path / "r", "wine-keras")  # beside the study's results
-    assert optuna.load_study(study_name="wine-keras-confirm", storage=confirms).trials
