@@ -43,6 +43,9 @@ LOCK_S = 4.0  # over a lease renewal period (2.5 s): a renewal waits for it too
 WAIT_S = 240.0  # generous: the machine may be loaded
 TRIAL_TITLES = ("ray::ImplicitFunc", "ray::_Inner")
 DIED = re.compile(re.escape(SILENT) + r" at epoch [1-3]")
+DIED_UNSTARTED = re.compile(r"worker died \(Ray: [^)]+\) at epoch 1")
+"""A worker killed before its trial opened ``output.log`` leaves no log to read: Ray's exit
+detail is all the driver has (the kill can land on a worker that is just taking a trial)."""
 
 
 def _driver(spec: Path) -> subprocess.Popen[str]:
@@ -129,7 +132,7 @@ def _true_reason(trial: optuna.trial.FrozenTrial) -> bool:
         return True
     # A SIGKILL leaves nothing in the trial's log (no process sees it coming), and the log
     # saying nothing is what search/run/death.py reports: "worker killed without a word ...".
-    return bool(DIED.fullmatch(reason))
+    return bool(DIED.fullmatch(reason) or DIED_UNSTARTED.fullmatch(reason))
 
 
 def test_killed_workers_a_locked_database_and_a_sigterm_leave_a_true_study(
