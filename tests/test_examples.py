@@ -94,7 +94,7 @@ def pipelines(
     only when an example of :data:`REGISTERED` runs and MLflow is installed."""
     env = {**os.environ, "PYTHONPATH": str(REPO), "RAY_ADDRESS": session_ray_address}
     ready = [e for e in LONGEST_FIRST if e not in NEEDS or importlib.util.find_spec(NEEDS[e])]
-    registers = importlib.util.find_spec("mlflow") and set(REGISTERED) & set(ready)
+    registers = bool(importlib.util.find_spec("mlflow") and set(REGISTERED) & set(ready))
     mlflow = request.getfixturevalue("mlflow_server") if registers else None
     with ThreadPoolExecutor(max_workers=2) as pool:
         futures = {
