@@ -9,7 +9,8 @@ then ``configure(study, K)``, so ``auto`` gets its plan for K), beside Optuna's 
 TPE (``optuna-tpe``: ``TPESampler(seed)``, Optuna's defaults, one trial at a time), on the same
 tables and seeds; the space is written the two ways of :data:`benchmarks.tables.SPACES`. Each
 run is one JSON line (task, sampler, K, space, seed, and per finished trial the log10 regret
-of the incumbent, the best *reported* value so far, and its simulated end time) appended to a
+of the incumbent, the best *reported* value so far, the log10 regret of the best config
+evaluated so far by its true mean, and its simulated end time) appended to a
 file under results/benchmarks/sampler_settings/; ``report`` reads them
 (``benchmarks/sampler_settings_report.py``). The orchestrator is measured by
 ``benchmarks/quality.py``; this isolates the sampler.
@@ -211,6 +212,12 @@ def incumbent(table: Table | Function, done: list[tuple[float, float, float]]) -
     return out
 
 
+def best_seen(table: Table | Function, done: list[tuple[float, float, float]]) -> list[float]:
+    """The log10 regret of the best config evaluated so far, by its true mean loss: what the
+    search found, apart from which trial a noisy reported value makes the incumbent."""
+    return [table.log_regret(m) for m in itertools.accumulate((m for _, _, m in done), min)]
+
+
 def run_one(run: Run) -> dict[str, Any]:
     """One run, deterministic for its seed: the JSON line it writes."""
     import optuna
@@ -223,6 +230,7 @@ def run_one(run: Run) -> dict[str, Any]:
     return {
         **asdict(run),
         "regret": [round(r, 4) for r in incumbent(table, done)],
+        "best_seen": [round(r, 4) for r in best_seen(table, done)],
         "end": [round(t, 2) for t, _, _ in done],
         "run_s": round(time.perf_counter() - start, 2),
     }
