@@ -212,10 +212,15 @@ def incumbent(table: Table | Function, done: list[tuple[float, float, float]]) -
     return out
 
 
+def best_means(done: list[tuple[float, float, float]]) -> list[float]:
+    """The best true mean loss of the configs evaluated, after each finished trial."""
+    return list(itertools.accumulate((mean for _, _, mean in done), min))
+
+
 def best_seen(table: Table | Function, done: list[tuple[float, float, float]]) -> list[float]:
     """The log10 regret of the best config evaluated so far, by its true mean loss: what the
     search found, apart from which trial a noisy reported value makes the incumbent."""
-    return [table.log_regret(m) for m in itertools.accumulate((m for _, _, m in done), min)]
+    return [table.log_regret(m) for m in best_means(done)]
 
 
 def run_one(run: Run) -> dict[str, Any]:
@@ -322,7 +327,7 @@ def good_start(
         good = int(np.argsort(table.mean_loss)[len(table.mean_loss) // 100])  # the top 1 %
         study.enqueue_trial(table.params(good, kind))
     done = simulate(table, study, spec, seed, k, trials)  # the best of the trials run here
-    return list(itertools.accumulate((mean for _, _, mean in done), min))
+    return best_means(done)
 
 
 def _print_good_start(args: argparse.Namespace) -> None:
