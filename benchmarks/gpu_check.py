@@ -120,8 +120,8 @@ def tf_packed(trials: int, tmp: Path) -> dict[str, Any]:
     """A user's TensorFlow trainable at ``gpus_per_trial: 0.5``: the cap each trial got."""
     from search.compute.placement import memory_fraction
     from search.record.study import load_study
-    from search.run.runner import RunOptions, run_study
     from search.specs.schema import load_spec, with_overrides
+    from search.tuning.runner import RunOptions, run_study
 
     spec = with_overrides(
         load_spec(TF_SPACE),
@@ -183,7 +183,7 @@ def main() -> None:
     for i, name in enumerate(found):
         print(f"  cuda:{i}  {name}")
 
-    from search.run.runner import init_ray
+    from search.tuning.runner import init_ray
 
     tmp = Path(tempfile.mkdtemp(prefix="gpu-check-"))
     init_ray(None)
@@ -201,9 +201,9 @@ def auto_study(trials: int, epochs: int, tmp: Path) -> dict[str, Any]:
     """``gpus_per_trial: auto`` on the CNN space: the packing, utilization, trials per hour."""
     from search.compute.data import load_data
     from search.record.study import load_study
-    from search.run.fit import place
-    from search.run.runner import RunOptions, run_study
     from search.specs.schema import load_spec, with_overrides
+    from search.tuning.fit import place
+    from search.tuning.runner import RunOptions, run_study
 
     spec = with_overrides(
         load_spec(SPACE),

@@ -96,8 +96,8 @@ def _optuna(trials: int, warmup: int, storage: str | None) -> tuple[float, float
 
 
 def _search(trials: int, warmup: int, cpus: int, tmp: Path) -> tuple[float, float]:
-    from search.run.runner import RunOptions, init_ray, run_study
     from search.specs.schema import parse_spec
+    from search.tuning.runner import RunOptions, init_ray, run_study
 
     init_ray(None, num_cpus=cpus)
 

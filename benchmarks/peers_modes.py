@@ -38,8 +38,8 @@ def _phases(start: float, times: list[float]) -> dict[str, float]:
 def _fixed_search(n: int, epochs: int, cpus: int, reps: int, tmp: Path) -> dict[str, float]:
     from ray.tune import Callback
 
-    from search.run.runner import RunOptions, init_ray, run_study
     from search.specs.schema import parse_spec
+    from search.tuning.runner import RunOptions, init_ray, run_study
 
     times: list[float] = []
 

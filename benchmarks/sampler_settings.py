@@ -73,7 +73,7 @@ ABLATIONS: dict[str, dict[str, Any]] = {
     "auto-nofill": {"spacefill": False, "start": 10},
     "auto-fill": {"spacefill": True, "start": "K"},
 }
-"""``auto`` with one part of its plan for K changed (:class:`search.record.auto.Plan`; a
+"""``auto`` with one part of its plan for K changed (:class:`search.record.sampling.auto.Plan`; a
 ``start`` of ``"K"`` is ``max(K, 10)``): what each part of the plan buys."""
 CONTENDERS: dict[str, tuple[str, dict[str, Any]]] = {
     "auto": ("auto", {}),
@@ -145,7 +145,7 @@ def _study(
     configured for ``k`` at once), and the spec whose space the trials sample."""
     import optuna
 
-    from search.record.samplers import build_sampler, configure
+    from search.record.sampling.samplers import build_sampler, configure
 
     name, args = CONTENDERS[contender]
     args = dict(args)
@@ -296,7 +296,7 @@ def good_start(
     import numpy as np
     import optuna
 
-    from search.record.samplers import build_sampler, configure
+    from search.record.sampling.samplers import build_sampler, configure
     from search.record.warm import import_trials
     from search.specs.schema import parse_spec
 

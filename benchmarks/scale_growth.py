@@ -65,7 +65,7 @@ def _fake_trials(spec: Any, count: int, rng: random.Random) -> list[Any]:
 
 def _probe(bridge: Any, size: int, count: int) -> tuple[list[float], list[float]]:
     """Asks and tells ``count`` trials through the bridge; their ask and tell seconds."""
-    from search.run.fate import EPOCH, METRIC_KEYS
+    from search.tuning.fate import EPOCH, METRIC_KEYS
 
     asks, tells = [], []
     for i in range(count):
@@ -100,7 +100,7 @@ def _bridge(spec: Any) -> tuple[Any, Any]:
 
     from search.record.study import open_study, record_spec
     from search.record.writeback import WriteBehindStorage
-    from search.run.bridge import OptunaBridge
+    from search.tuning.bridge import OptunaBridge
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study = open_study(spec, restart=True)

@@ -1,7 +1,7 @@
 """The two contenders of the bookkeeping and throughput modes, each run in its own driver
 process joined to the benchmark's Ray head:
 
-    ours    ``search.run.runner.run_study`` (TPE on SQLite through the bridge, ASHA or FIFO)
+    ours    ``search.tuning.runner.run_study`` (TPE on SQLite through the bridge, ASHA or FIFO)
     stock   Ray Tune as users write it: OptunaSearch (TPE, in memory) in a ConcurrencyLimiter,
             ``reuse_actors``, ASHAScheduler or FIFO
 
@@ -124,7 +124,7 @@ def _poll_sqlite(path: str, tap: Tap, stop: threading.Event, out: list[float]) -
 def run_ours(job: Job) -> dict[str, Any]:
     """Runs ``job`` through this project; wall, driver CPU, lags and the truth check."""
     from search.compute import cluster
-    from search.run.runner import RunOptions, init_ray, run_study
+    from search.tuning.runner import RunOptions, init_ray, run_study
 
     if os.environ.get("SCALE_BEFORE"):  # the trials import the same tree as this driver
         cluster._RAY_ENV["PYTHONPATH"] = os.environ["PYTHONPATH"]

@@ -75,9 +75,9 @@ def _instrument() -> None:
     import dataclasses
 
     import search.record.lease as lease
-    import search.run.preflight as preflight
-    import search.run.runner as runner
     import search.specs.schema as schema
+    import search.tuning.preflight as preflight
+    import search.tuning.runner as runner
 
     _timed(schema, "with_overrides", "spec")
     _timed(preflight, "check_run", "preflight")

@@ -1,7 +1,7 @@
 """The command line: ``run``, ``trials``, ``logs``, ``dashboard``, ``export``, ``report``,
 ``train`` and ``check``.
 
-The top layer: it calls :mod:`search.handover`, :mod:`search.report` and :mod:`search.run`.
+The top layer: it calls :mod:`search.handover`, :mod:`search.report` and :mod:`search.tuning`.
 Those modules import Ray, Optuna or PyTorch when they are imported, so each command imports
 what it needs inside its function, and ``--help`` stays instant. Every error a user can fix
 ends in one line on stderr and exit status 2, never a traceback.
@@ -25,8 +25,8 @@ from typing import TYPE_CHECKING, Annotated, Any, NoReturn, TypeVar
 import typer
 
 from search.errors import SearchError, disk_full, one_line
-from search.run import terminal
 from search.specs.schema import DEFAULT_STORAGE
+from search.tuning import terminal
 
 if TYPE_CHECKING:
     import optuna
@@ -129,8 +129,8 @@ def run(
     ] = False,
 ) -> None:
     """Run a study: sample configs, train them as Ray Tune trials, record them in Optuna."""
-    from search.run.preflight import check_run
     from search.specs.schema import load_spec, with_overrides
+    from search.tuning.preflight import check_run
 
     parsed = with_overrides(
         load_spec(spec),
@@ -158,8 +158,8 @@ def run(
     from search.record.queries import write_results
     from search.record.study import load_study
     from search.report.console import print_summary
-    from search.run.runner import RunOptions, run_study
-    from search.run.signals import EXIT_STATUS, INTERRUPT_EXIT_STATUS
+    from search.tuning.runner import RunOptions, run_study
+    from search.tuning.signals import EXIT_STATUS, INTERRUPT_EXIT_STATUS
 
     options = RunOptions(
         results_dir=results,
@@ -184,13 +184,13 @@ def run(
     except KeyboardInterrupt:  # Ctrl-C outside Tune's loop, or a second one inside it
         typer.echo("stopped at once by Ctrl-C; the same command continues the study", err=True)
         raise typer.Exit(INTERRUPT_EXIT_STATUS) from None
-    if summary.terminated:  # as a shell reports a process SIGTERM ended (search/run/signals.py)
+    if summary.terminated:  # as a shell reports a process SIGTERM ended (search/tuning/signals.py)
         typer.echo(
             "stopped by SIGTERM; the same command continues the study, its cut trials replaced",
             err=True,
         )
         raise typer.Exit(EXIT_STATUS)
-    if summary.interrupted_by_user:  # Ctrl-C: its line came at once (search/run/signals.py)
+    if summary.interrupted_by_user:  # Ctrl-C: its line came at once (search/tuning/signals.py)
         raise typer.Exit(INTERRUPT_EXIT_STATUS)
     if summary.stopped_early:
         typer.echo(
@@ -232,7 +232,7 @@ def trials_cmd(
     """Print a study's trials as a table."""
     from search.record.study import load_study
     from search.report.console import print_trials
-    from search.run.preflight import check_storage
+    from search.tuning.preflight import check_storage
 
     check_storage(storage, "--storage")
     names = [m.strip() for m in metrics.split(",") if m.strip()]
@@ -259,7 +259,7 @@ def logs(
     """Print a trial's stdout and stderr (its output.log, named by user_attrs.log)."""
     from search.record.study import load_study
     from search.report.logs import print_log
-    from search.run.preflight import check_storage
+    from search.tuning.preflight import check_storage
 
     check_storage(storage, "--storage")
     print_log(load_study(study, storage), trial, follow=follow, rank=rank)
@@ -276,7 +276,7 @@ def dashboard(
     """Serve optuna-dashboard on the storage (loopback only unless --host says otherwise)."""
     from search.record.storage import redact
     from search.report.dashboard import is_loopback, port_is_free, serve
-    from search.run.preflight import check_storage
+    from search.tuning.preflight import check_storage
 
     if not is_loopback(host):
         typer.echo(
@@ -382,7 +382,7 @@ def export(
     """Confirm the top configs with fresh seeds, retrain the winner, write a model bundle."""
     from search.handover.export import export_study
     from search.handover.pareto import export_pareto
-    from search.run.preflight import check_storage
+    from search.tuning.preflight import check_storage
 
     if pareto and pick is not None:
         raise SearchError("--pareto and --pick: give one (--pareto exports every point)")
@@ -435,7 +435,7 @@ def report(
     from search.record.study import load_study
     from search.report.dashboard import publish_study
     from search.report.html import report_study
-    from search.run.preflight import check_storage
+    from search.tuning.preflight import check_storage
 
     check_storage(storage, "--storage")
     loaded = load_study(study, storage)

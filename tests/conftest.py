@@ -121,7 +121,7 @@ def ray_local() -> Iterator[None]:
     """A real local Ray with 2 CPUs, started once for the whole session."""
     import ray
 
-    from search.run.runner import init_ray
+    from search.tuning.runner import init_ray
 
     init_ray(None, num_cpus=2)
     yield

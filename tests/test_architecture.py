@@ -1,6 +1,7 @@
 """The layers of ``search/`` import one way, without cycles and without hidden imports.
 
-    cli -> handover -> report -> run -> compute -> record -> specs -> search -> contract -> errors
+    cli -> handover -> report -> tuning -> compute -> record -> specs -> search -> contract
+        -> errors
 
 A module may import from its own layer and the layers below it, never above. The check reads
 every ``import`` statement (module level, function level and under ``TYPE_CHECKING``) with
@@ -8,7 +9,7 @@ every ``import`` statement (module level, function level and under ``TYPE_CHECKI
 
 Some layers also keep out of a library (:data:`FORBIDDEN`): ``compute``, what a trial runs on
 (placement, its job and context, limits, data-parallel processes, the memory probe), imports no
-Ray Tune; the Tune wiring above it (``run``) does, the way Syne Tune keeps its backend apart
+Ray Tune; the Tune wiring above it (``tuning``) does, the way Syne Tune keeps its backend apart
 from the scheduler that decides.
 """
 
@@ -25,7 +26,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("__main__", "cli"),
     ("handover",),
     ("report",),
-    ("run",),
+    ("tuning",),
     ("compute",),
     ("record",),
     ("specs",),
@@ -34,8 +35,8 @@ LAYERS: list[tuple[str, ...]] = [
     ("contract",),
     ("errors",),
 ]
-"""Top to bottom. ``compute`` sits under ``run`` (the Tune wiring: bridge, worker, scheduler,
-the out-of-memory retry) and over ``record``, whose Optuna record it never needs; ``run`` and
+"""Top to bottom. ``compute`` sits under ``tuning`` (the Tune wiring: bridge, worker, scheduler,
+the out-of-memory retry) and over ``record``, whose Optuna record it never needs; ``tuning`` and
 ``handover`` (confirmation runs, the final model, ``train``) build every trial's job and
 limits from it. ``testing`` holds deterministic trainables for tests (like optuna.testing);
 ``keras`` and ``lightning`` adapt a user's ``model.fit`` / ``trainer.fit`` to the contract;
@@ -202,7 +203,7 @@ def test_the_compute_layer_imports_no_ray_tune() -> None:
 def test_the_forbidden_import_check_catches_ray_tune_in_compute(source: str) -> None:
     assert forbidden({"search.compute.limits": source}) != []
     assert forbidden({"search.compute.limits": "import ray\nimport ray.util"}) == []
-    assert forbidden({"search.run.oom": source}) == []  # the Tune wiring may
+    assert forbidden({"search.tuning.oom": source}) == []  # the Tune wiring may
 
 
 def test_every_package_is_in_a_layer() -> None:
@@ -214,14 +215,14 @@ def test_every_package_is_in_a_layer() -> None:
     ("edges", "problem"),
     [
         (
-            {"search.specs.schema": {"search.run.runner"}},
-            ["search.specs.schema -> search.run.runner"],
+            {"search.specs.schema": {"search.tuning.runner"}},
+            ["search.specs.schema -> search.tuning.runner"],
         ),
         (
-            {"search.contract.driver": {"search.run.fate"}},
-            ["search.contract.driver -> search.run.fate"],
+            {"search.contract.driver": {"search.tuning.fate"}},
+            ["search.contract.driver -> search.tuning.fate"],
         ),
-        ({"search.run.runner": {"search.specs.schema"}}, []),
+        ({"search.tuning.runner": {"search.specs.schema"}}, []),
     ],
 )
 def test_the_layer_check_catches_an_upward_import(edges: dict, problem: list) -> None:
@@ -230,19 +231,19 @@ def test_the_layer_check_catches_an_upward_import(edges: dict, problem: list) ->
 
 def test_the_cycle_check_catches_a_cycle() -> None:
     edges = {
-        "search.run.a": {"search.run.b"},
-        "search.run.b": {"search.run.c"},
-        "search.run.c": {"search.run.a"},
-        "search.run.d": {"search.run.a"},
+        "search.tuning.a": {"search.tuning.b"},
+        "search.tuning.b": {"search.tuning.c"},
+        "search.tuning.c": {"search.tuning.a"},
+        "search.tuning.d": {"search.tuning.a"},
     }
-    assert cycles(edges) == [["search.run.a", "search.run.b", "search.run.c"]]
-    assert cycles({"search.run.a": {"search.run.b"}}) == []
+    assert cycles(edges) == [["search.tuning.a", "search.tuning.b", "search.tuning.c"]]
+    assert cycles({"search.tuning.a": {"search.tuning.b"}}) == []
 
 
 def test_only_the_package_root_lists_public_names() -> None:
     """The public face is ``search/__init__.py``'s ``__all__``; an ``__all__`` in an internal
     layer's ``__init__`` would be a second one, which users would read as a promise."""
-    internal = ("handover", "report", "run", "compute", "record", "specs", "contract")
+    internal = ("handover", "report", "tuning", "compute", "record", "specs", "contract")
     listing = []
     for package in internal:
         tree = ast.parse((ROOT / package / "__init__.py").read_text())

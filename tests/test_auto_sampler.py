@@ -9,9 +9,9 @@ from pathlib import Path
 import optuna
 import pytest
 
-from search.record.auto import AutoSampler, Plan, plan_for
-from search.record.distinct import DistinctTPESampler
-from search.record.samplers import SAMPLER, build_sampler, configure
+from search.record.sampling.auto import AutoSampler, Plan, plan_for
+from search.record.sampling.distinct import DistinctTPESampler
+from search.record.sampling.samplers import SAMPLER, build_sampler, configure
 from search.record.study import open_study, record_spec
 from search.specs.pinned import PINNED
 from search.specs.schema import parse_spec

@@ -30,8 +30,8 @@ import pytest
 from optuna.trial import TrialState
 
 from search.record.resume import INTERRUPTED
-from search.run.death import SILENT
-from search.run.signals import EXIT_STATUS
+from search.tuning.death import SILENT
+from search.tuning.signals import EXIT_STATUS
 from tests.helpers import REPO, base_spec, start_run, write_spec
 from tests.helpers import sqlite_rows as _query
 
@@ -131,7 +131,7 @@ def _true_reason(trial: optuna.trial.FrozenTrial) -> bool:
     if reason == INTERRUPTED:
         return True
     # A SIGKILL leaves nothing in the trial's log (no process sees it coming), and the log
-    # saying nothing is what search/run/death.py reports: "worker killed without a word ...".
+    # saying nothing is what search/tuning/death.py reports: "worker killed without a word ...".
     return bool(DIED.fullmatch(reason) or DIED_UNSTARTED.fullmatch(reason))
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from search.contract import TrialContext
-from search.run import worker
+from search.tuning import worker
 
 
 def _epochs(folder: Path, every_s: float, clock: list[float]) -> list[int]:

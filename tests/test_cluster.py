@@ -147,7 +147,7 @@ def cluster() -> Iterator[Cluster]:
         driver_env = {**base, "RAY_AUTH_TOKEN_PATH": str(token_file), "PYTHONPATH": str(REPO)}
         probe = (
             "import json, sys, time, ray\n"
-            "from search.run.runner import init_ray\n"
+            "from search.tuning.runner import init_ray\n"
             "init_ray(sys.argv[1])\n"
             "deadline = time.time() + 60\n"
             "while len(alive := [n['NodeID'] for n in ray.nodes() if n['Alive']]) < 2:\n"

@@ -31,7 +31,7 @@ from search.record.artifacts import attached, store_path
 from search.record.queries import EPOCHS_FILE
 from search.report.artifacts import attach_file, publish_artifacts
 from search.report.dashboard import dashboard_app, publish_study, study_note
-from search.run.output import attach_output
+from search.tuning.output import attach_output
 from tests.helpers import REPO
 
 pytestmark = pytest.mark.slow  # over 5 s here: make test-fast leaves it out

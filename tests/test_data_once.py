@@ -18,8 +18,8 @@ from optuna.trial import TrialState
 from search.compute.data import load_data
 from search.contract import trainable
 from search.handover.export import export_study
-from search.run.runner import RunOptions, run_study
 from search.specs.schema import parse_spec
+from search.tuning.runner import RunOptions, run_study
 from tests.helpers import base_spec, make_study
 
 pytestmark = [pytest.mark.usefixtures("joins_session_ray")]
@@ -134,9 +134,9 @@ MEMORY = """
 import sys
 from pathlib import Path
 from ray.tune import Callback
-import search.run.fit, tests.test_data_once
+import search.tuning.fit, tests.test_data_once
 from search.compute.cluster import init_ray
-from search.run.runner import RunOptions, run_study
+from search.tuning.runner import RunOptions, run_study
 from search.specs.schema import load_spec
 
 def rss():

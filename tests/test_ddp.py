@@ -19,8 +19,8 @@ import pytest
 from search.compute.distributed import data_parallel
 from search.contract import TrialContext, trainable
 from search.contract.dataset import Dataset, load_digits
-from search.run.runner import RunOptions, run_study
 from search.specs.schema import parse_spec
+from search.tuning.runner import RunOptions, run_study
 from tests.helpers import alive, base_spec
 
 pytestmark = [pytest.mark.slow, pytest.mark.torch]

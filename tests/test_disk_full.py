@@ -177,9 +177,9 @@ def test_a_run_whose_results_fill_stops_in_one_line_and_its_cut_trials_are_repla
 
 
 def test_the_world_cuts_a_trial_its_own_doing_fails_it_whatever_cuts_the_run_after() -> None:
-    """One rule (search/run/fate.py): a full disk's error is the world's, a NaN the
+    """One rule (search/tuning/fate.py): a full disk's error is the world's, a NaN the
     trial's own, and the user's own limits count."""
-    from search.run.fate import DISK_FULL, FAIL_REASON, TrialRecord
+    from search.tuning.fate import DISK_FULL, FAIL_REASON, TrialRecord
 
     def record(epochs: int, **kw: object) -> TrialRecord:
         rec = TrialRecord("acc", 3, **kw)  # type: ignore[arg-type]
@@ -205,9 +205,9 @@ def test_a_cut_run_settles_its_open_trials_as_interrupted_uncounted_and_starts_n
     from ray.tune.search import Searcher
 
     from search.record.resume import counts
-    from search.run.bridge import OptunaBridge
-    from search.run.fate import DISK_FULL
     from search.specs.space import Param
+    from search.tuning.bridge import OptunaBridge
+    from search.tuning.fate import DISK_FULL
 
     study = optuna.create_study(direction="maximize")
     space = {"x": Param.model_validate({"uniform": [0.0, 1.0]})}
@@ -233,7 +233,7 @@ def test_a_full_disk_in_rays_sync_warning_stops_the_run_and_the_warning_is_not_s
 ) -> None:
     import logging
 
-    from search.run.faults import SYNC_LOGGERS, DiskFault
+    from search.tuning.faults import SYNC_LOGGERS, DiskFault
 
     cut: list[str | None] = []
     fault = DiskFault(cut.append)

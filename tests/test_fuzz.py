@@ -235,7 +235,9 @@ def test_random_cli_arguments_never_crash(spec: str, args: list[str], spec_first
     with tempfile.TemporaryDirectory() as tmp, contextlib.chdir(tmp):
         for name, text in SPEC_FILES.items():
             Path(name).write_text(text)
-        with mock.patch("search.run.runner.run_study", side_effect=AssertionError("a run started")):
+        with mock.patch(
+            "search.tuning.runner.run_study", side_effect=AssertionError("a run started")
+        ):
             result = CliRunner().invoke(app, argv)
         assert result.exception is None or isinstance(result.exception, SystemExit), (
             argv,

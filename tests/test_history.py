@@ -8,8 +8,8 @@ import pytest
 from optuna.study import StudyDirection
 from optuna.trial import TrialState, create_trial
 
-from search.record import history
-from search.record.history import BoundedTPESampler, bounded
+from search.record.sampling import history
+from search.record.sampling.history import BoundedTPESampler, bounded
 
 optuna.logging.set_verbosity(optuna.logging.WARNING)
 pytestmark = pytest.mark.filterwarnings("ignore::optuna.exceptions.ExperimentalWarning")

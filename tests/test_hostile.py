@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from search.record.study import load_study
-from search.run.runner import RunOptions, run_study
 from search.specs.schema import parse_spec
 from search.testing import HOSTILE_MODES
+from search.tuning.runner import RunOptions, run_study
 from tests.helpers import base_spec
 
 pytestmark = [pytest.mark.ray, pytest.mark.slow]

@@ -11,8 +11,8 @@ import pytest
 from search.contract import TrialContext, train_to_end
 from search.contract.dataset import image_folder, load_digits, materialize
 from search.record.study import load_study
-from search.run.runner import RunOptions, run_study
 from search.specs.schema import parse_spec
+from search.tuning.runner import RunOptions, run_study
 from tests.helpers import base_spec
 
 

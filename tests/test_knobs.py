@@ -111,7 +111,7 @@ print(sorted(n for n in BUILTIN if declarations(n).defaults != declared_defaults
 def test_a_builtins_misspelled_knob_stops_the_run_before_ray_starts(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from search.run import runner
+    from search.tuning import runner
 
     def no_ray(address: object = None) -> None:
         raise AssertionError("Ray was started")

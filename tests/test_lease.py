@@ -368,8 +368,8 @@ def test_the_next_run_stops_the_ray_agents_a_killed_driver_left(
     """``kill -9`` of a driver that started its own Ray, and of its watcher: its agents stay,
     the next run on the machine stops them (by the pids and start times its lease recorded)
     and completes."""
-    from search.run.runner import RunOptions, run_study
     from search.specs.schema import load_spec
+    from search.tuning.runner import RunOptions, run_study
 
     data = base_spec(
         tmp_path, study="left", budget={"trials": 2, "max_epochs": 2}, fixed={"sleep": 0.5}
@@ -426,8 +426,8 @@ def test_a_trial_asked_for_after_the_study_was_taken_never_runs_nor_counts(
     from ray.tune.search import Searcher
 
     from search.record.resume import INTERRUPTED, counts
-    from search.run.bridge import TAKEN, OptunaBridge
     from search.specs.space import Param
+    from search.tuning.bridge import TAKEN, OptunaBridge
 
     study = optuna.create_study(storage=f"sqlite:///{tmp_path}/b.db", study_name="b")
     answers = iter([True, False])  # holds before the ask, taken after it

@@ -24,8 +24,8 @@ import search.lightning
 from search.contract import TrialContext, trainable
 from search.record.queries import EPOCHS_FILE, read_epochs
 from search.record.study import load_study
-from search.run.runner import RunOptions, run_study
 from search.specs.schema import parse_spec
+from search.tuning.runner import RunOptions, run_study
 from tests.helpers import alive
 
 pytestmark = [

@@ -33,8 +33,8 @@ from pathlib import Path
 import pytest
 
 from search.record.study import load_study, open_study
-from search.run.runner import RunOptions, run_study
 from search.specs.schema import parse_spec
+from search.tuning.runner import RunOptions, run_study
 from tests.helpers import REPO, base_spec
 
 pytestmark = [pytest.mark.ray]

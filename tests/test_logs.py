@@ -17,9 +17,9 @@ from search.cli import app
 from search.record.artifacts import attached, store_path
 from search.record.study import load_study
 from search.report.logs import print_log
-from search.run.output import captured
-from search.run.runner import RunOptions, run_study
 from search.specs.schema import parse_spec
+from search.tuning.output import captured
+from search.tuning.runner import RunOptions, run_study
 from tests.helpers import base_spec
 
 TRIALS = 3

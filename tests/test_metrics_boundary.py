@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from search.contract.driver import as_number, drive
-from search.run.fate import DROPPED, EPOCH, METRIC_KEYS, TrialRecord
+from search.tuning.fate import DROPPED, EPOCH, METRIC_KEYS, TrialRecord
 from tests.helpers import REPO, base_spec, write_spec
 
 NUMBERS: list[tuple[Any, float]] = [

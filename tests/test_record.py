@@ -8,7 +8,7 @@ from optuna.trial import TrialState
 
 from search.contract import nonfinite_reason
 from search.errors import error_summary
-from search.run.fate import EPOCH, FAIL_REASON, NO_VALUE, TrialRecord
+from search.tuning.fate import EPOCH, FAIL_REASON, NO_VALUE, TrialRecord
 
 
 def _record(values: list[float], max_epochs: int = 9, **last: object) -> TrialRecord:

@@ -18,11 +18,11 @@ from rich.console import Console
 from search.record.study import load_study
 from search.report.figures import FIGURES, learning_curves, too_few_for_importances
 from search.report.html import summarize, write_report
-from search.run.bridge import OptunaBridge
-from search.run.progress import ProgressCallback
-from search.run.runner import RunOptions, run_study
 from search.specs.derive import asha_milestones
 from search.specs.schema import parse_spec
+from search.tuning.bridge import OptunaBridge
+from search.tuning.progress import ProgressCallback
+from search.tuning.runner import RunOptions, run_study
 from tests.helpers import base_spec
 from tests.helpers import cli as _cli
 

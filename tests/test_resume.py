@@ -14,7 +14,7 @@ from optuna.trial import TrialState
 from ray.tune.schedulers import TrialScheduler
 
 from search.record.resume import FATE, INTERRUPTED, earlier_curves, fate_record, recover
-from search.run.scheduler import PruneReportingASHA
+from search.tuning.scheduler import PruneReportingASHA
 from tests.helpers import base_spec, start_run, write_spec
 
 # CLI runs join the session's Ray (tests/conftest.py)
@@ -133,7 +133,7 @@ def test_kill_9_mid_study_then_run_again_continues(tmp_path: Path) -> None:
 
 
 def test_an_interrupted_grid_point_is_run_again_and_no_visited_one_twice(tmp_path: Path) -> None:
-    from search.record.samplers import build_sampler
+    from search.record.sampling.samplers import build_sampler
     from search.specs.schema import parse_spec
     from search.specs.space import sample
 

@@ -17,8 +17,8 @@ import yaml
 
 from search.record.queries import write_results
 from search.record.study import load_study
-from search.run.runner import RunOptions, run_study
 from search.specs.schema import load_spec, parse_spec
+from search.tuning.runner import RunOptions, run_study
 from tests.helpers import base_spec
 
 pytestmark = [pytest.mark.ray]

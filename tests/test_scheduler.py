@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 from search.errors import SpecError
-from search.run.scheduler import PruneReportingASHA, build_scheduler
-from search.run.stopping import RunStopper
 from search.specs.derive import asha_milestones, ray_milestones
 from search.specs.schema import parse_spec
+from search.tuning.scheduler import PruneReportingASHA, build_scheduler
+from search.tuning.stopping import RunStopper
 from tests.helpers import base_spec
 
 
@@ -117,8 +117,8 @@ def _drive(asha: PruneReportingASHA, curves: dict[str, list[float]]) -> dict[str
 
 
 def test_recheck_stops_a_free_first_arrival_that_later_arrivals_leave_behind() -> None:
-    from search.run.scheduler import build_scheduler
     from search.specs.schema import parse_spec
+    from search.tuning.scheduler import build_scheduler
 
     flat = [0.1] * 9  # the first arrival at every rung: passes each one for free
     good = [0.5 + e / 100 for e in range(9)]

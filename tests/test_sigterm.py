@@ -17,7 +17,7 @@ import pytest
 from optuna.trial import TrialState
 
 from search.record.resume import INTERRUPTED
-from search.run.signals import EXIT_STATUS
+from search.tuning.signals import EXIT_STATUS
 from tests.helpers import REPO, base_spec, start_run, wait_for_a_running_trial, write_spec
 
 
@@ -87,7 +87,7 @@ def test_sigterm_to_the_process_group_with_its_own_ray_ends_the_run_as_to_the_dr
 def test_ctrl_c_prints_its_line_and_the_summary_and_exits_130(tmp_path: Path, presses: int) -> None:
     """Ctrl-C (SIGINT to the terminal's process group): one line at once, every trial settled,
     the summary, exit 130. A second Ctrl-C stops at once, still with one line and 130."""
-    from search.run.signals import INTERRUPT_EXIT_STATUS, INTERRUPT_LINE
+    from search.tuning.signals import INTERRUPT_EXIT_STATUS, INTERRUPT_LINE
 
     data = base_spec(
         tmp_path, budget={"trials": 2, "max_epochs": 3}, fixed={"sleep": 1.0},
@@ -141,7 +141,7 @@ def test_processes_started_in_own_process_group_leave_the_callers_and_others_sta
 def test_a_trial_sigterm_cut_is_replaced_and_one_that_finished_or_was_pruned_keeps_its_fate() -> (
     None
 ):
-    from search.run.fate import TERMINATED, TrialRecord
+    from search.tuning.fate import TERMINATED, TrialRecord
 
     def record(epochs: int, pruned: bool = False) -> TrialRecord:
         rec = TrialRecord("acc", 3, interrupted=TERMINATED, pruned=pruned)
@@ -156,7 +156,7 @@ def test_a_trial_sigterm_cut_is_replaced_and_one_that_finished_or_was_pruned_kee
 
 
 def test_signals_inside_watch_only_set_flags_act_cuts_once_and_the_old_handlers_return() -> None:
-    from search.run.signals import Termination
+    from search.tuning.signals import Termination
 
     calls: list[str] = []
     termination = Termination(lambda: calls.append("term"), lambda: calls.append("int"))
@@ -189,10 +189,10 @@ def test_sigterm_inside_a_storage_call_never_blocks_and_the_loop_makes_the_cut(
 
     from search.record.storage import open_storage, rdb_backend
     from search.record.writeback import WriteBehindStorage
-    from search.run.bridge import OptunaBridge
-    from search.run.fate import TERMINATED
-    from search.run.signals import Termination
     from search.specs.space import Param
+    from search.tuning.bridge import OptunaBridge
+    from search.tuning.fate import TERMINATED
+    from search.tuning.signals import Termination
 
     monkeypatch.setattr("search.record.storage.SQLITE_TIMEOUT_S", 2)  # a lock waits 2 s
     storage = open_storage(f"sqlite:///{tmp_path}/s.db")

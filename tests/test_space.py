@@ -7,7 +7,7 @@ from pathlib import Path
 import optuna
 import pytest
 
-from search.record.samplers import build_sampler
+from search.record.sampling.samplers import build_sampler
 from search.specs.schema import load_spec, parse_spec
 from search.specs.space import Param, grid, order, sample
 from tests.helpers import REPO, base_spec

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from search.record.study import load_study
-from search.run.runner import RunOptions, run_study
 from search.specs.schema import load_spec, with_overrides
+from search.tuning.runner import RunOptions, run_study
 from tests.helpers import REPO
 
 SPACES = sorted((REPO / "spaces").glob("*.yaml"))

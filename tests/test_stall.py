@@ -17,11 +17,11 @@ from optuna.trial import TrialState
 
 from search.errors import SpecError
 from search.record.study import load_study
-from search.run.bridge import OptunaBridge
-from search.run.runner import RunOptions, run_study
-from search.run.stall import FLOOR_S, GRACE_S, MULTIPLE, EpochTimes, StallWatch, stall_limit
 from search.specs.derive import incompatible_change
 from search.specs.schema import parse_spec
+from search.tuning.bridge import OptunaBridge
+from search.tuning.runner import RunOptions, run_study
+from search.tuning.stall import FLOOR_S, GRACE_S, MULTIPLE, EpochTimes, StallWatch, stall_limit
 from tests.helpers import base_spec
 
 STALL_S = 3.0

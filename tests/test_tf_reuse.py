@@ -16,9 +16,9 @@ import pytest
 
 from search.handover.export import export_study
 from search.record.study import CONFIRM_SUFFIX, confirm_storage, load_study
-from search.run.options import RunOptions
-from search.run.runner import run_study
 from search.specs.schema import parse_spec
+from search.tuning.options import RunOptions
+from search.tuning.runner import run_study
 
 pytestmark = [
     pytest.mark.tf,

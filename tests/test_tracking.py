@@ -23,13 +23,13 @@ from typing import Any
 import pytest
 import requests
 
-from search.record import tracking
-from search.record.mlflow_runs import PARENT, STATUS, TrialRun
 from search.record.queries import EPOCHS_FILE, read_epochs
 from search.record.study import load_study
-from search.record.tracking import ATTEMPTS, Tracker
-from search.run.runner import RunOptions, run_study
+from search.record.tracking import tracker as tracking
+from search.record.tracking.mlflow_runs import PARENT, STATUS, TrialRun
+from search.record.tracking.tracker import ATTEMPTS, Tracker
 from search.specs.schema import parse_spec
+from search.tuning.runner import RunOptions, run_study
 from tests.helpers import MLFLOW_SERVER_ENV, base_spec, run_spec, write_spec
 
 SECRET = "s3cret"
@@ -137,7 +137,7 @@ def test_a_tracking_uri_mlflow_cannot_use_or_that_names_an_unset_variable_is_one
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from search.errors import SpecError
-    from search.run.preflight import PreflightError, check_tracking
+    from search.tuning.preflight import PreflightError, check_tracking
 
     with pytest.raises(SpecError) as bad:
         parse_spec(base_spec(tmp_path, tracking={"mlflow": f"ftp://bob:{SECRET}@h/x"}), "s.yaml")

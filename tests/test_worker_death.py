@@ -16,12 +16,12 @@ import optuna
 import pytest
 
 from search.record.resume import INTERRUPTED
-from search.run.bridge import Outcome
-from search.run.death import EXIT_NOTE, SILENT, Deaths, cause_in, read_since
-from search.run.fate import EPOCH, NODE_LOST, TrialRecord
-from search.run.runner import RunOptions, run_study
-from search.run.stopping import FailFast
 from search.specs.schema import load_spec
+from search.tuning.bridge import Outcome
+from search.tuning.death import EXIT_NOTE, SILENT, Deaths, cause_in, read_since
+from search.tuning.fate import EPOCH, NODE_LOST, TrialRecord
+from search.tuning.runner import RunOptions, run_study
+from search.tuning.stopping import FailFast
 from tests.helpers import base_spec, write_spec
 
 
@@ -162,7 +162,7 @@ class _Bridge:
 def test_a_worker_killed_without_a_word_says_so_when_its_log_was_read(tmp_path: Path) -> None:
     from ray.exceptions import ActorDiedError
 
-    from search.run.bridge import ErrorCallback
+    from search.tuning.bridge import ErrorCallback
 
     (tmp_path / "output.log").write_text("epoch 1\n")  # then kill -9: nothing more
     bridge = _Bridge()
@@ -174,7 +174,7 @@ def test_a_trial_whose_node_died_is_interrupted_not_failed(tmp_path: Path) -> No
     """Ray's GCS words for an actor on a node that died: the world's doing, replaced."""
     from ray.exceptions import RayActorError
 
-    from search.run.bridge import ErrorCallback
+    from search.tuning.bridge import ErrorCallback
 
     lost = RayActorError(error_msg="The actor died because its node has died. Node Id: 7f3a")
     bridge = _Bridge()

@@ -11,7 +11,7 @@ from optuna.trial import TrialState
 
 from search.record.storage import open_storage
 from search.record.writeback import WriteBehindStorage
-from search.run.bridge import running_template
+from search.tuning.bridge import running_template
 
 pytestmark = pytest.mark.slow  # over 5 s here: make test-fast leaves it out
 

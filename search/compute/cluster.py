@@ -5,7 +5,7 @@ Every command that runs trials or tasks (``run``, ``export``) calls :func:`init_
 A local Ray's processes (GCS, raylet and, through the raylet, the trials' workers) start in a
 process group of their own (:func:`own_process_group`). SIGTERM to the driver's process group
 (``kill -TERM -PGID``, a batch system's ``killpg``) then reaches the driver alone, which stops
-Tune and records while its Ray still answers (:mod:`search.run.signals`); in the driver's
+Tune and records while its Ray still answers (:mod:`search.tuning.signals`); in the driver's
 group, Ray's processes died first, and Tune's clean-up waited out its timeout for the gone
 GCS and ended the process with status 1, no summary. They still die with the driver: Ray binds
 them to it (``PR_SET_PDEATHSIG``), and the driver stops them when it ends. Ray's dashboard and

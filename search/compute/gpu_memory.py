@@ -5,7 +5,7 @@ space's largest config (:func:`largest_config`: every number at its upper bound,
 largest batch; fp32; the optimizer with most state) as a Ray task on one GPU and reads the
 peak memory PyTorch's caching allocator reserved; :func:`search.compute.placement.pack` turns
 that into trials per GPU. A packed trial that still runs out of memory is retried by Tune with
-twice its GPU share (:class:`search.run.oom.OomRetry`, the part that needs Ray Tune).
+twice its GPU share (:class:`search.tuning.oom.OomRetry`, the part that needs Ray Tune).
 """
 
 from __future__ import annotations

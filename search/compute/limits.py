@@ -3,7 +3,7 @@ GPUs TensorFlow sees and, on a shared GPU, its memory cap. A user's trainable ge
 without code of its own, and so do the built-ins: this module is the only place that sets them.
 
 Every executor calls :func:`prepare` (the trainable's module imported first, then the limits):
-a Ray trial (:mod:`search.run.worker`), each process of a data-parallel trial
+a Ray trial (:mod:`search.tuning.worker`), each process of a data-parallel trial
 (:mod:`search.compute.distributed`), a confirmation run, the final model and ``train``
 (:mod:`search.handover.train`), and the GPU memory probe (:mod:`search.compute.gpu_memory`).
 

@@ -15,7 +15,7 @@ each process uses, and the memory cap of each trial's process.
   :func:`pack` then decides how many trials fit on one GPU with headroom, and each trial's
   process is capped at its share (:mod:`search.compute.limits` applies
   ``ctx.gpu_memory_fraction`` for PyTorch and TensorFlow). A packed trial that still runs out
-  of memory is retried by Tune with twice the GPU share (:class:`search.run.oom.OomRetry`),
+  of memory is retried by Tune with twice the GPU share (:class:`search.tuning.oom.OomRetry`),
   not failed.
 
 Several devices per trial (``gpus_per_trial: 2``, or ``workers_per_trial: 2`` on CPUs) train

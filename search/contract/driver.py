@@ -1,6 +1,6 @@
 """The one loop that drives a trainable's generator, wherever it runs.
 
-A Ray trial (:mod:`search.run.worker`), a confirmation run, the final training of an export,
+A Ray trial (:mod:`search.tuning.worker`), a confirmation run, the final training of an export,
 ``python -m search train`` and the GPU memory probe all iterate a trainable the same way
 (:func:`drive`): number each epoch, turn its metrics into plain floats once (and drop, by
 name, those that are not numbers), stop after the first non-finite metric or at the epoch

@@ -4,7 +4,7 @@ A plain function (no :func:`~search.contract.declare.trainable` decorator) decla
 so a space key it never reads (``alpah`` for ``alpha``) cannot be refused up front: the study
 would sample it in every trial and print it among the best parameters. The worker hands such
 a trainable a :class:`ReadConfig` instead of a plain ``dict``, and reports what it never read
-(:mod:`search.run.worker`); the driver stops the run on it (:mod:`search.run.stopping`).
+(:mod:`search.tuning.worker`); the driver stops the run on it (:mod:`search.tuning.stopping`).
 
 A key counts as read when the trainable asks for it by name (``config["lr"]``,
 ``config.get("lr")``, ``"lr" in config``, ``setdefault``, ``pop``). Reading the config in bulk

@@ -8,11 +8,11 @@ RUNNING or WAITING was left by a dead one:
   before the attributes and the state) gets that fate, as if its driver had lived;
 * any other is recorded as FAIL with the reason :data:`INTERRUPTED` and replaced (it does not
   count against the budget, :func:`counts`; a dead driver is the world's doing, as
-  :mod:`search.run.fate` says);
+  :mod:`search.tuning.fate` says);
 * COMPLETE, PRUNED and genuinely failed trials count, so the new run only adds what is left
   (trials a warm start imported were not run here, and do not);
 * ASHA's rungs are refilled from the earlier trials' intermediate values
-  (:meth:`search.run.scheduler.PruneReportingASHA.restore_rungs`), so a resumed run prunes
+  (:meth:`search.tuning.scheduler.PruneReportingASHA.restore_rungs`), so a resumed run prunes
   against the same bar the first run set.
 """
 
@@ -36,7 +36,7 @@ FATE = "search:fate"
 
 def counts(trial: optuna.trial.FrozenTrial) -> bool:
     """Whether a finished trial counts against the budget: not one the world cut (FAIL with
-    :data:`INTERRUPTED`, replaced; :mod:`search.run.fate` states the rule), nor one a warm
+    :data:`INTERRUPTED`, replaced; :mod:`search.tuning.fate` states the rule), nor one a warm
     start imported (not run here).
 
     Example:

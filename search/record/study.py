@@ -12,7 +12,7 @@ import optuna
 from search.errors import SearchError
 from search.record.folders import study_folder
 from search.record.lease import StudyLease
-from search.record.samplers import SAMPLER, build_sampler, describe
+from search.record.sampling.samplers import SAMPLER, build_sampler, describe
 from search.record.storage import open_storage, redact, redacted_spec
 from search.specs.derive import incompatible_change
 from search.specs.schema import parse_spec

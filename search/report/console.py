@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     import optuna
     from rich.console import Console
 
-    from search.run.options import RunSummary
+    from search.tuning.options import RunSummary
 
 
 def _fmt(value: object) -> str:

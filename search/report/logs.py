@@ -1,7 +1,7 @@
 """``search logs``: a trial's own output (``user_attrs.log``), printed or followed.
 
 The worker captures each trial's stdout and stderr into ``output.log`` in the trial's folder
-(:mod:`search.run.output`); the study records that file's path on the trial when it starts.
+(:mod:`search.tuning.output`); the study records that file's path on the trial when it starts.
 The other processes of a data-parallel trial write beside it, rank ``N`` to
 ``output.rank<N>.log`` (:func:`search.compute.distributed.rank_log`): ``--rank N`` prints one.
 """
@@ -17,7 +17,7 @@ from optuna.trial import TrialState
 
 from search.compute.distributed import rank_log, rank_logs
 from search.errors import SearchError, one_line
-from search.run.output import LOG_FILE
+from search.tuning.output import LOG_FILE
 
 if TYPE_CHECKING:
     import optuna

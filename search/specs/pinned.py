@@ -3,7 +3,8 @@
 Optuna 5.0 changed TPE's defaults (multivariate and the constant liar on, TPE instead of
 NSGA-II for several objectives). The project never relies on a library default: every
 argument its samplers take is written here, passed explicitly, and stored on the study when it
-is created (user attribute ``sampler``, see :mod:`search.record.samplers`); a resume uses the
+is created (user attribute ``sampler``, see :mod:`search.record.sampling.samplers`); a resume
+uses the
 stored arguments, so a study continued under another Optuna version (or another version of
 this project) proposes as it did. ``sampler.args`` in the spec overrides any of them.
 
@@ -27,7 +28,8 @@ _TPE = {
 }
 
 PINNED: dict[str, dict[str, Any]] = {
-    "auto": _TPE,  # TPE's, which the plan for the run's concurrency then sets (record/auto.py)
+    # TPE's, which the plan for the run's concurrency then sets (record/sampling/auto.py)
+    "auto": _TPE,
     "tpe": _TPE,
     "random": {},
     "cmaes": {

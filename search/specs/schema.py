@@ -129,7 +129,7 @@ class AshaSpec(_Strict):
     recheck: bool = False
     """Hold a trial to its last rung at every epoch, not only when it arrives there: one whose
     value at that rung later arrivals push below the rung's cutoff stops at its next epoch
-    (:class:`search.run.scheduler.PruneReportingASHA`)."""
+    (:class:`search.tuning.scheduler.PruneReportingASHA`)."""
 
 
 class SamplerSpec(_Strict):
@@ -139,7 +139,7 @@ class SamplerSpec(_Strict):
     seed: int | None = 0
     args: dict[str, Any] = {}
     """Arguments of the sampler that override the ones the project pins
-    (:data:`search.record.samplers.PINNED`), e.g. ``{n_startup_trials: 16}`` for TPE."""
+    (:data:`search.record.sampling.samplers.PINNED`), e.g. ``{n_startup_trials: 16}`` for TPE."""
     start_from: list[dict[str, Any]] = []
     """Configs the user already trusts (their current defaults), run first, in order, before
     the sampler proposes anything (Optuna's ``enqueue_trial``). Each names values of the
@@ -226,7 +226,7 @@ class FaultsSpec(_Strict):
     """What happens when a trial raises (retried from its last checkpoint, then FAIL) or hangs.
 
     ``stall_s``: seconds without an epoch after which the driver stops a trial as hung (FAIL,
-    not retried). Unset or ``auto``: :func:`search.run.stall.stall_limit` (a multiple of the
+    not retried). Unset or ``auto``: :func:`search.tuning.stall.stall_limit` (a multiple of the
     study's median epoch time, with a floor; no limit until an epoch was timed).
     """
 
@@ -268,7 +268,7 @@ TRACKING_SCHEMES = ("http://", "https://", "sqlite:///", "postgresql://", "mysql
 
 
 class TrackingSpec(_Strict):
-    """Where the search itself is tracked (:mod:`search.record.tracking`).
+    """Where the search itself is tracked (:mod:`search.record.tracking.tracker`).
 
     ``mlflow``: an MLflow server (``http://host:5000``), ``sqlite:///mlflow.db`` (or another
     database MLflow takes) or a local folder; ``${VAR}`` reads the environment. The study is

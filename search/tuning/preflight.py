@@ -9,7 +9,7 @@ Example:
     >>> check_ray_address("127.0.0.1:1", timeout_s=1)  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
-    search.run.preflight.PreflightError: --address: cannot reach the Ray cluster at 127.0.0.1:1 (...
+    search.tuning.preflight.PreflightError: --address: cannot reach the Ray cluster at ...
 """
 
 from __future__ import annotations
@@ -102,7 +102,7 @@ def check_storage(url: str, field: str = "storage", timeout_s: float = TIMEOUT_S
 
 def check_tracking(spec: StudySpec, field: str = "tracking.mlflow") -> None:
     """Checks that the variables a ``tracking`` URI names are set. Whether its server answers
-    is not checked: the study runs without it (:mod:`search.record.tracking`)."""
+    is not checked: the study runs without it (:mod:`search.record.tracking.tracker`)."""
     if spec.tracking is None:
         return
     try:

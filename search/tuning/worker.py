@@ -30,8 +30,8 @@ from search.contract.driver import NOT_RETRIED
 from search.contract.named import code_names
 from search.contract.reads import ReadConfig
 from search.errors import error_summary
-from search.run.death import exit_noted
-from search.run.fate import (
+from search.tuning.death import exit_noted
+from search.tuning.fate import (
     CODE_ERROR,
     DEVICE,
     DROPPED,
@@ -49,7 +49,7 @@ from search.run.fate import (
     TRACEBACK,
     UNREAD,
 )
-from search.run.output import captured
+from search.tuning.output import captured
 
 if TYPE_CHECKING:
     from search.contract import Dataset
@@ -182,7 +182,7 @@ def _code_error(exc: BaseException, ctx: TrialContext) -> dict[str, Any]:
 def run_trial(config: dict[str, Any], job: TrialJob, data: Dataset) -> None:
     """The Ray Tune function trainable: one ``tune.report`` per epoch the trainable yields,
     the trial's stdout and stderr captured into ``output.log`` in its folder (with what ends
-    the process, should it die: :func:`~search.run.death.exit_noted`). A declared trainable's
+    the process, should it die: :func:`~search.tuning.death.exit_noted`). A declared trainable's
     ``@trainable(defaults=...)`` fill the knobs the trial's config lacks, as they do in an
     exported config (:func:`search.handover.candidates.resolved_config`)."""
     found = declarations(job.trainable)  # imports its module (and its framework)

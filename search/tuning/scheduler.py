@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING, Any
 
 from ray.tune.schedulers import AsyncHyperBandScheduler, FIFOScheduler, TrialScheduler
 
-from search.run.moasha import MultiObjectiveASHA
 from search.specs.derive import rung_epoch
+from search.tuning.moasha import MultiObjectiveASHA
 
 if TYPE_CHECKING:
     from ray.tune.experiment import Trial

@@ -2,14 +2,14 @@
 
 :func:`fit` wires the bridge, the scheduler, the stoppers and our callbacks into a Tune
 ``Tuner`` and runs it. This module imports Ray Tune (over a second here), and so does
-:mod:`search.run.runner`, which imports it: the CLI imports the runner only once its preflight
-passed (:func:`search.run.preflight.check_run`).
+:mod:`search.tuning.runner`, which imports it: the CLI imports the runner only once its preflight
+passed (:func:`search.tuning.preflight.check_run`).
 
 Data flow of one trial: the bridge asks the study for a trial and samples the space on it;
-Ray starts (or reuses) an actor that runs :func:`search.run.worker.run_trial`; every epoch the
+Ray starts (or reuses) an actor that runs :func:`search.tuning.worker.run_trial`; every epoch the
 trainable yields becomes one Tune report; ASHA reads it and may stop the trial; the bridge
 records it as an intermediate value; when the trial ends the bridge tells the study its fate.
-A trial silent for longer than ``faults.stall_s`` is killed as hung (:mod:`search.run.stall`).
+A trial silent for longer than ``faults.stall_s`` is killed as hung (:mod:`search.tuning.stall`).
 """
 
 from __future__ import annotations
@@ -32,23 +32,23 @@ from search.record.folders import study_folder
 from search.record.outage import StorageOutageError
 from search.record.queries import EPOCHS_FILE, append_epochs, objective_curves, read_epochs
 from search.record.resume import earlier_curves
-from search.record.samplers import configure
+from search.record.sampling.samplers import configure
 from search.record.warm import pending_start
 from search.record.writeback import WriteBehindStorage
-from search.run.bridge import TAKEN, ErrorCallback, OptunaBridge, Outcome
-from search.run.budget import BUDGET_CAUSE, DeviceBudget, budget_for, spent_before
-from search.run.fate import DISK_FULL, INTERRUPT, NUMBER, TERMINATED
-from search.run.faults import DiskFault
-from search.run.moasha import MultiObjectiveASHA
-from search.run.oom import OOM_RETRIES, OomRetry
-from search.run.output import attach_output
-from search.run.progress import ProgressCallback
-from search.run.scheduler import PruneReportingASHA, build_scheduler
-from search.run.signals import Termination
-from search.run.stall import StallWatch, StopStragglers
-from search.run.stopping import FIRST, FailFast, RunStopper, UnreadKeys
-from search.run.worker import run_trial
 from search.specs.derive import asha_milestones
+from search.tuning.bridge import TAKEN, ErrorCallback, OptunaBridge, Outcome
+from search.tuning.budget import BUDGET_CAUSE, DeviceBudget, budget_for, spent_before
+from search.tuning.fate import DISK_FULL, INTERRUPT, NUMBER, TERMINATED
+from search.tuning.faults import DiskFault
+from search.tuning.moasha import MultiObjectiveASHA
+from search.tuning.oom import OOM_RETRIES, OomRetry
+from search.tuning.output import attach_output
+from search.tuning.progress import ProgressCallback
+from search.tuning.scheduler import PruneReportingASHA, build_scheduler
+from search.tuning.signals import Termination
+from search.tuning.stall import StallWatch, StopStragglers
+from search.tuning.stopping import FIRST, FailFast, RunStopper, UnreadKeys
+from search.tuning.worker import run_trial
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -58,8 +58,8 @@ if TYPE_CHECKING:
     from ray.tune.experiment import Trial
 
     from search.compute.data import SharedData
-    from search.run.options import RunOptions
     from search.specs.schema import StudySpec
+    from search.tuning.options import RunOptions
 
 
 def fit(
@@ -76,9 +76,9 @@ def fit(
     """Runs ``budget`` trials through Ray Tune; returns each one's number and final state, why
     the run stopped early (``None`` when it did not), and the device-hours spent against the
     spec's device budget (``None`` without one). ``termination`` records whether SIGTERM
-    stopped the run (:mod:`search.run.signals`); ``listeners`` are told each trial's
-    :class:`~search.run.bridge.Outcome` once the study holds it; ``fence`` says whether
-    this run still holds the study's lease (:class:`~search.run.bridge.OptunaBridge`): once
+    stopped the run (:mod:`search.tuning.signals`); ``listeners`` are told each trial's
+    :class:`~search.tuning.bridge.Outcome` once the study holds it; ``fence`` says whether
+    this run still holds the study's lease (:class:`~search.tuning.bridge.OptunaBridge`): once
     another driver took the study, the run stops at once and writes none of its trials."""
     import optuna
 
@@ -153,7 +153,7 @@ def fit(
         progress,
     )
     try:
-        # SIGTERM, Ctrl-C (search/run/signals.py), a full disk: the run stops. The trials
+        # SIGTERM, Ctrl-C (search/tuning/signals.py), a full disk: the run stops. The trials
         # SIGTERM or a full disk cut are replaced next run.
         with termination.watch(), fault.watching_ray_logs(), untagged_callbacks():
             tuner.fit()

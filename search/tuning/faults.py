@@ -4,7 +4,7 @@ A trial whose checkpoint, output or traceback meets ``ENOSPC`` (``--results`` fu
 study's disk has room), or Tune's experiment state the driver syncs into ``--results``, is
 no fault of the config: retrying it fills nothing, and every trial after it would fail the
 same way and use up the budget. So the first full disk a run meets settles every running
-trial at once as cut by the world (:data:`search.run.fate.DISK_FULL`: FAIL ``interrupted``,
+trial at once as cut by the world (:data:`search.tuning.fate.DISK_FULL`: FAIL ``interrupted``,
 replaced by the next run), stops Tune, and ends the command in one line, exit status 2
 (:class:`search.errors.DiskFullError`).
 """

@@ -12,9 +12,9 @@ from typing import TYPE_CHECKING, Any
 import optuna
 from optuna.trial import TrialState
 
-from search.record.auto import AutoSampler
-from search.record.history import BoundedTPESampler
 from search.record.resume import interrupted
+from search.record.sampling.auto import AutoSampler
+from search.record.sampling.history import BoundedTPESampler
 from search.specs.pinned import PINNED
 from search.specs.space import grid, order
 
@@ -88,13 +88,13 @@ def build_sampler(
 
     TPE runs multivariate and grouped (conditional parameters get their own groups) with the
     constant liar, so trials proposed while others still run do not all pile onto one point;
-    past :data:`~search.record.history.HISTORY_LIMIT` trials it models a bounded history.
+    past :data:`~search.record.sampling.history.HISTORY_LIMIT` trials it models a bounded history.
     ``auto`` is TPE with the plan for one trial at a time until :func:`configure` gives it
-    the run's concurrency (:mod:`search.record.auto`).
+    the run's concurrency (:mod:`search.record.sampling.auto`).
 
     Example:
         >>> build_sampler(spec)  # doctest: +SKIP
-        <search.record.history.BoundedTPESampler object at ...>
+        <search.record.sampling.history.BoundedTPESampler object at ...>
     """
     seed = None if spec.sampler.seed is None else spec.sampler.seed + offset
     name, args = spec.sampler.name, sampler_args(spec, stored)

@@ -27,14 +27,14 @@ import optuna
 from optuna.distributions import BaseDistribution
 from optuna.trial import FrozenTrial
 
-from search.record.history import BoundedTPESampler
+from search.record.sampling.history import BoundedTPESampler
 
 _DIGITS = 9
 """Internal values equal to this many decimals are the same config."""
 
 
 class DistinctTPESampler(BoundedTPESampler):
-    """:class:`~search.record.history.BoundedTPESampler` whose pick skips candidates that
+    """:class:`~search.record.sampling.history.BoundedTPESampler` whose pick skips candidates that
     repeat a config of the study (see the module's text); every other argument is TPE's.
 
     Args:

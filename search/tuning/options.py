@@ -49,8 +49,8 @@ class RunSummary:
     device_hours: tuple[float, float, str] | None = None
     """``(spent, budget, "GPU" or "CPU")`` when the spec has a device-hour budget."""
     terminated: bool = False
-    """Whether SIGTERM stopped the run (:mod:`search.run.signals`): the CLI exits 143."""
+    """Whether SIGTERM stopped the run (:mod:`search.tuning.signals`): the CLI exits 143."""
     interrupted_by_user: bool = False
-    """Whether Ctrl-C stopped the run (:mod:`search.run.signals`): the CLI exits 130."""
+    """Whether Ctrl-C stopped the run (:mod:`search.tuning.signals`): the CLI exits 130."""
     tracking: str | None = None
     """What reached the spec's ``tracking`` (MLflow) and what did not, in one line."""

@@ -4,9 +4,10 @@ Ray's stock ``OptunaSearch`` is wrong for us in three ways (measured with Ray 2.
 5.0): trials that ASHA stopped are told COMPLETE; the last epoch of every trial is missing from
 its intermediate values, because Ray only calls ``Searcher.on_trial_result`` for results that do
 not stop the trial; and trials whose metric turns NaN stay RUNNING. So we keep a
-:class:`~search.run.fate.TrialRecord` per trial, take the stopping result from
+:class:`~search.tuning.fate.TrialRecord` per trial, take the stopping result from
 ``on_trial_complete`` too, learn of ASHA's stops from the scheduler (see
-:mod:`search.run.scheduler`) and of errors from a Tune callback, and tell Optuna once, at the end.
+:mod:`search.tuning.scheduler`) and of errors from a Tune callback, and tell Optuna once, at the
+end.
 
 The study itself is the searcher's persistent state, so nothing else is pickled.
 """
@@ -29,11 +30,11 @@ from search.errors import error_summary
 from search.record.resume import FATE, fate_record, settle_open
 from search.record.warm import START_FROM
 from search.record.writeback import WriteBehindStorage
-from search.run.death import Deaths, node_lost
-from search.run.fate import NODE_LOST, NUMBER, SEED, TrialRecord
-from search.run.faults import DiskFault
-from search.run.output import LOG_FILE
 from search.specs.space import sample
+from search.tuning.death import Deaths, node_lost
+from search.tuning.fate import NODE_LOST, NUMBER, SEED, TrialRecord
+from search.tuning.faults import DiskFault
+from search.tuning.output import LOG_FILE
 
 TAKEN = "taken over"
 """What cut a run whose study another driver took over (:mod:`search.record.lease`)."""
@@ -206,7 +207,7 @@ class OptunaBridge(Searcher):
             self._live[trial_id][1].interrupted = cause
 
     def mark_stalled(self, trial_id: str, reason: str) -> None:
-        """Called by :class:`search.run.stall.StallWatch` before it kills a hung trial; the
+        """Called by :class:`search.tuning.stall.StallWatch` before it kills a hung trial; the
         kill's error then ends the trial FAIL with ``reason``."""
         if trial_id in self._live:
             self._live[trial_id][1].stalled = reason
@@ -249,8 +250,8 @@ class OptunaBridge(Searcher):
             self._finish(trial_id)
 
     def cut(self, cause: str, trial_id: str | None = None) -> None:
-        """The world or Ctrl-C cut the run (``cause``, one of :data:`search.run.fate.WORLD`,
-        or :data:`search.run.fate.INTERRUPT`): every
+        """The world or Ctrl-C cut the run (``cause``, one of :data:`search.tuning.fate.WORLD`,
+        or :data:`search.tuning.fate.INTERRUPT`): every
         trial still open is settled at once as cut by it, ``trial_id``'s too when its own
         error was the world's (a full disk), and no new trial starts."""
         self.cut_by = cause
@@ -359,9 +360,9 @@ def _told_values(record: TrialRecord, state: TrialState, value: float | None) ->
 class ErrorCallback(Callback):
     """Hands a failed trial's error, as one line, to the bridge, counts retries, and tells
     it where each trial's output goes (``output.log`` in the trial's folder). A trial whose
-    process died fails with what ended it, read from that log (:mod:`search.run.death`). An
+    process died fails with what ended it, read from that log (:mod:`search.tuning.death`). An
     error that is a full disk goes to ``fault`` instead, at the first attempt (no retry would
-    help): the world's doing, not the trial's (:mod:`search.run.faults`)."""
+    help): the world's doing, not the trial's (:mod:`search.tuning.faults`)."""
 
     def __init__(self, bridge: OptunaBridge, fault: DiskFault | None = None) -> None:
         self._bridge = bridge
@@ -405,7 +406,7 @@ class ErrorCallback(Callback):
 
 
 def _log(trial: Trial) -> Path | None:
-    """The file of the trial's output (:mod:`search.run.output`)."""
+    """The file of the trial's output (:mod:`search.tuning.output`)."""
     return Path(trial.path) / LOG_FILE if trial.path else None
 
 

@@ -1,7 +1,8 @@
 """``tracking: {mlflow: URI}``: the search itself in MLflow, written behind the study.
 
 Only the driver writes, from the record it keeps anyway (each trial's outcome, as the bridge
-tells the study; see :mod:`search.record.mlflow_runs`), never the trial processes: concurrent
+tells the study; see :mod:`search.record.tracking.mlflow_runs`), never the trial processes:
+concurrent
 trials cannot lose or duplicate a parameter, and a trial Ray retried from its checkpoint is one
 run. The writes leave the study's loop: :class:`Tracker` queues them and one thread makes them
 in order. A server that does not answer neither stops nor slows the study: the thread retries
@@ -24,10 +25,10 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from search.errors import one_line
 from search.record.folders import study_folder
-from search.record.mlflow_runs import StudyRuns, TrialRun, study_key
 from search.record.queries import EPOCHS_FILE as EPOCHS
 from search.record.queries import read_epochs
 from search.record.storage import redact, scrub
+from search.record.tracking.mlflow_runs import StudyRuns, TrialRun, study_key
 
 if TYPE_CHECKING:
     import optuna
@@ -48,7 +49,7 @@ MAX_QUEUED = 100_000
 
 
 class Writer(Protocol):
-    """What the tracker drives (:class:`search.record.mlflow_runs.StudyRuns`)."""
+    """What the tracker drives (:class:`search.record.tracking.mlflow_runs.StudyRuns`)."""
 
     def open(self) -> None: ...
 

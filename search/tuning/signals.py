@@ -6,7 +6,7 @@ in the middle of a storage transaction: a handler that wrote to the study there 
 very lock the interrupted transaction held (SQLite's, or the write-behind queue's), or wrote
 through that transaction's own session. So :meth:`Termination.watch` installs handlers that
 only record the signal and return; Tune's loop calls :meth:`Termination.act` on every step
-(through the run's stopper, :mod:`search.run.fit`), and that call, outside any handler, settles
+(through the run's stopper, :mod:`search.tuning.fit`), and that call, outside any handler, settles
 the running trials and stops the run. Then the run records every fate, prints its summary and
 exits:
 

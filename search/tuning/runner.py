@@ -1,5 +1,5 @@
 """Runs a study: checks its knobs, opens it and takes its lease while Ray starts, recovers
-what a dead driver left, then runs its trials (:mod:`search.run.fit`) and releases the lease.
+what a dead driver left, then runs its trials (:mod:`search.tuning.fit`) and releases the lease.
 """
 
 from __future__ import annotations
@@ -14,25 +14,25 @@ from typing import TYPE_CHECKING
 from search.compute.cluster import init_ray, local_ray_processes
 from search.compute.data import give_back_memory, load_data, share
 from search.record.lease import StudyLease, new_run_id
-from search.record.mlflow_runs import TrialRun
 from search.record.processes import mark
 from search.record.resume import recover
-from search.record.samplers import grid_size
+from search.record.sampling.samplers import grid_size
 from search.record.storage import redact
 from search.record.study import open_study, record_spec
-from search.record.tracking import Tracker, track
+from search.record.tracking.mlflow_runs import TrialRun
+from search.record.tracking.tracker import Tracker, track
 from search.record.warm import earlier_study, import_trials
-from search.run.fit import fit
-from search.run.options import RunOptions, RunSummary
-from search.run.signals import Termination
 from search.specs.knobs import check_builtin_knobs, check_user_trainable
+from search.tuning.fit import fit
+from search.tuning.options import RunOptions, RunSummary
+from search.tuning.signals import Termination
 
 if TYPE_CHECKING:
     import optuna
 
     from search.contract import Dataset
-    from search.run.bridge import Outcome
     from search.specs.schema import StudySpec
+    from search.tuning.bridge import Outcome
 
 
 def run_study(spec: StudySpec, options: RunOptions = RunOptions()) -> RunSummary:

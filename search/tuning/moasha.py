@@ -5,7 +5,7 @@ down) there is no one number, so MO-ASHA (Schmucker et al., 2021; Syne Tune's ``
 a rung by Pareto front and, within a front, by crowding distance (:mod:`search.record.pareto`).
 
 Everything else is Ray's single-bracket ASHA, kept on purpose so that one objective decides
-exactly as :class:`~search.run.scheduler.PruneReportingASHA` does: the same milestones, the
+exactly as :class:`~search.tuning.scheduler.PruneReportingASHA` does: the same milestones, the
 same moment (a trial's first result at or past a milestone it has no entry at, the highest
 such), the same cutoff (the ``1 - 1/reduction_factor`` percentile, interpolated, of the scores
 the rung recorded before; no entry yet means continue) and the same tie rule (a score equal to

@@ -72,14 +72,15 @@ MISSED = RESERVED_PREFIX + "missed"
 SEED = RESERVED_PREFIX + "seed"
 NUMBER = RESERVED_PREFIX + "trial_number"
 INTERRUPT = "interrupt"
-"""The ``interrupted`` cause of trials cut by Ctrl-C: the user's doing (search/run/signals.py)."""
+"""The ``interrupted`` cause of trials cut by Ctrl-C: the user's doing
+(search/tuning/signals.py)."""
 TERMINATED = "SIGTERM"
-"""The ``interrupted`` cause of trials cut by SIGTERM to the driver (search/run/signals.py)."""
+"""The ``interrupted`` cause of trials cut by SIGTERM to the driver (search/tuning/signals.py)."""
 DISK_FULL = "disk full"
 """The ``interrupted`` cause of trials cut because a disk the run writes to is full (a
-trial's own checkpoint or output, or Tune's experiment state; search/run/faults.py)."""
+trial's own checkpoint or output, or Tune's experiment state; search/tuning/faults.py)."""
 NODE_LOST = "node lost"
-"""The ``interrupted`` cause of a trial whose Ray node died under it (search/run/death.py)."""
+"""The ``interrupted`` cause of a trial whose Ray node died under it (search/tuning/death.py)."""
 WORLD = frozenset({TERMINATED, DISK_FULL, NODE_LOST})
 """The ``interrupted`` causes that are the world's doing, not the config's (module
 docstring): a trial they cut is replaced. The user's own limits (a time limit, a device

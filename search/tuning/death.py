@@ -4,7 +4,7 @@ Ray reports a dead worker as an ``ActorDiedError`` of some 600 characters that n
 the signal nor the exit code ("Worker unexpectedly exits with a connection error code 2. End
 of file. Some common causes include ..."): the raylet only sees the worker's socket close.
 The worker's own output says more, and it is in the trial's ``output.log``
-(:mod:`search.run.output`): on a fatal signal Python's faulthandler writes ``Fatal Python
+(:mod:`search.tuning.output`): on a fatal signal Python's faulthandler writes ``Fatal Python
 error: Segmentation fault`` and the stack, and Ray's own handler ``*** SIGSEGV received``;
 an ``os._exit`` during a trial writes :data:`EXIT_NOTE` first (:func:`exit_noted`). So the
 driver reads what the dead attempt wrote to its log, and the trial fails with
@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from search.run.fate import EPOCH
+from search.tuning.fate import EPOCH
 
 if TYPE_CHECKING:
     from ray.tune.experiment import Trial
@@ -186,7 +186,7 @@ class _Attempts:
 
 
 class Deaths:
-    """The deaths of a run's trials, told by the Tune callback (:class:`~search.run.bridge.
+    """The deaths of a run's trials, told by the Tune callback (:class:`~search.tuning.bridge.
     ErrorCallback`): their reasons, and the retry limit of a trial that died."""
 
     def __init__(self) -> None:

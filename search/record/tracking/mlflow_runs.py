@@ -8,7 +8,8 @@ state, COMPLETE as ``FINISHED``, PRUNED as ``KILLED`` with the epoch it was stop
 Optuna study), so a resumed study continues the same parent run, and a trial already logged is
 never logged twice.
 
-:class:`StudyRuns` makes the client calls, from one thread only (:mod:`search.record.tracking`).
+:class:`StudyRuns` makes the client calls, from one thread only
+(:mod:`search.record.tracking.tracker`).
 MLflow is imported inside its methods: a run without ``tracking`` never loads it.
 """
 

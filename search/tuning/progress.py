@@ -30,13 +30,13 @@ from rich.live import Live
 from rich.markup import escape
 from rich.text import Text
 
-from search.run import terminal
-from search.run.fate import EPOCH
+from search.tuning import terminal
+from search.tuning.fate import EPOCH
 
 if TYPE_CHECKING:
     from ray.tune.experiment import Trial
 
-    from search.run.bridge import OptunaBridge
+    from search.tuning.bridge import OptunaBridge
 
 STYLE = {"COMPLETE": "green", "PRUNED": "yellow", "FAIL": "red"}
 

@@ -26,10 +26,10 @@ from typing import TYPE_CHECKING, Any
 from ray.tune.stopper import Stopper
 
 from search.errors import closest
-from search.run.scheduler import TIME_ATTR
+from search.tuning.scheduler import TIME_ATTR
 
 if TYPE_CHECKING:
-    from search.run.bridge import Outcome
+    from search.tuning.bridge import Outcome
 
 FIRST = 3
 """How many first trials must fail the same way before the run stops."""
@@ -47,7 +47,7 @@ class FailFast:
         first: How many trials to watch (fewer when the budget is smaller).
 
     Example:
-        >>> from search.run.bridge import Outcome
+        >>> from search.tuning.bridge import Outcome
         >>> watch = FailFast(first=2)
         >>> for n in range(2):
         ...     watch(Outcome(n, "FAIL", "KeyError: 'lr'", "/t/traceback.txt", code_error=True))
@@ -106,7 +106,7 @@ class UnreadKeys:
         source: The spec file, for the message.
 
     Example:
-        >>> from search.run.bridge import Outcome
+        >>> from search.tuning.bridge import Outcome
         >>> watch = UnreadKeys(["alpah", "lr"], "mod:fn", "x.yaml")
         >>> watch(Outcome(0, "FAIL", "KeyError: 'x'", unread=("alpah", "lr")))  # not a whole trial
         >>> watch(Outcome(1, "PRUNED", unread=("alpah",), missed=("alpha",)))

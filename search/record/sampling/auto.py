@@ -10,12 +10,12 @@ what each part of the plan buys):
   region the model likes, the next proposal is pushed out of it (over-exploration). Here
   running trials are not lied about; a proposal skips configs the study already holds and
   draws its pick among TPE's candidates in proportion to their density ratio, so K proposals
-  made on one model land apart (:mod:`search.record.distinct`);
+  made on one model land apart (:mod:`search.record.sampling.distinct`);
 - from K = 8 on (:data:`MANY_FROM`), the joint model loses to univariate TPE, and the first
   K configs, proposed before any result, are independent random draws, with about a quarter
   of the first 100 at K = 16 (Optuna counts only *finished* trials towards
   ``n_startup_trials``). There the start is a space-filling batch of ``max(K, 10)``
-  (:mod:`search.record.spacefill`), and the model takes over once one trial has finished;
+  (:mod:`search.record.sampling.spacefill`), and the model takes over once one trial has finished;
 - the sampler is built before the runner knows K: :meth:`AutoSampler.configure` takes it
   before the first ask, and the study records the :class:`Plan` it chose.
 
@@ -38,9 +38,9 @@ from optuna.distributions import BaseDistribution
 from optuna.samplers import BaseSampler
 from optuna.trial import FrozenTrial, TrialState
 
-from search.record.distinct import DistinctTPESampler
-from search.record.history import BoundedTPESampler
-from search.record.spacefill import SpaceFilling
+from search.record.sampling.distinct import DistinctTPESampler
+from search.record.sampling.history import BoundedTPESampler
+from search.record.sampling.spacefill import SpaceFilling
 
 PARALLEL_FROM = 2
 """The concurrency from which :func:`plan_for` chooses the parallel plan."""
@@ -63,7 +63,7 @@ class Plan:
         constant_liar: TPE counts running trials as bad results.
         distinct: TPE skips candidates that repeat a config of the study.
         thompson: TPE draws its pick in proportion to the density ratio
-            (:class:`~search.record.distinct.DistinctTPESampler`).
+            (:class:`~search.record.sampling.distinct.DistinctTPESampler`).
     """
 
     concurrency: int
