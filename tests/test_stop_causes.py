@@ -37,11 +37,12 @@ from search.record.outage import StorageOutageError
 from search.record.resume import INTERRUPTED
 from search.record.sampling.samplers import build_sampler
 from search.specs.schema import StudySpec, parse_spec
-from search.tuning.bridge import OptunaBridge
+from search.tuning.bridge import OptunaBridge, Outcome
 from search.tuning.fate import CODE_ERROR, EPOCH, FAIL_REASON, NO_VALUE, UNREAD
 from search.tuning.faults import SYNC_LOGGERS
 from search.tuning.options import RunOptions
 from search.tuning.signals import Termination
+from search.tuning.stopping import StopLedger
 from tests.helpers import base_spec
 
 METRIC = "val_accuracy"
@@ -335,3 +336,29 @@ def test_a_database_outage(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> N
     assert "did not answer for 0 s (connection refused)" in str(ran.error)
     assert _fate(ran.trials["a"]) == ("RUNNING", None, None)
     assert _fate(ran.trials["b"]) == ("RUNNING", None, None)
+
+
+def test_one_ledger_names_the_cause_of_the_open_trials_first_source_first(
+    tmp_path: Path,
+) -> None:
+    """The order of :meth:`StopLedger.cause` when several sources fired: the code's verdict,
+    what cut the run, the device budget, the time limit; ``interrupt`` when none did."""
+    budget = {"trials": 4, "max_epochs": 3, "time_limit_s": 0.01, "cpu_hours": 0.0001}
+    spec = parse_spec(base_spec(tmp_path, budget=budget))
+    study = optuna.create_study(direction="maximize", study_name=spec.study)
+    bridge = OptunaBridge(study, spec.space, {}, metric=METRIC, mode="max", max_epochs=3)
+    ledger = StopLedger(spec, budget=4, source="s.yaml")
+    ledger.attach(bridge, resolve(spec.resources, {"CPU": 2}))
+    causes = [ledger.cause()]
+    time.sleep(0.05)  # past the time limit
+    causes.append(ledger.cause())
+    ledger.wired.meter("t", {"time_this_iter_s": 1.0})  # past the device budget
+    causes.append(ledger.cause())
+    bridge.cut("SIGTERM")
+    causes.append(ledger.cause())
+    for n in range(3):
+        ledger.fail_fast(Outcome(n, "FAIL", "KeyError: 'lr'", code_error=True))
+    causes.append(ledger.cause())
+    assert causes == ["interrupt", "time limit", "budget", "SIGTERM", "run stopped early"]
+    assert ledger.reason() == ledger.verdict() and ledger.stopped()
+    assert ledger.device_hours() == (pytest.approx(1 / 3600), 0.0001, "CPU")

@@ -21,33 +21,28 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from ray.tune.stopper import CombinedStopper
-
 from search.compute.cluster import init_ray, untagged_callbacks
 from search.compute.gpu_memory import measure
 from search.compute.job import trial_job
 from search.compute.placement import Placement, resolve
 from search.contract import RESERVED_PREFIX, declarations
 from search.record.folders import study_folder
-from search.record.outage import StorageOutageError
 from search.record.queries import EPOCHS_FILE, append_epochs, objective_curves, read_epochs
 from search.record.resume import earlier_curves
 from search.record.sampling.samplers import configure
 from search.record.warm import pending_start
 from search.record.writeback import WriteBehindStorage
 from search.specs.derive import asha_milestones
-from search.tuning.bridge import TAKEN, ErrorCallback, OptunaBridge, Outcome
-from search.tuning.budget import BUDGET_CAUSE, DeviceBudget, budget_for, spent_before
-from search.tuning.fate import DISK_FULL, INTERRUPT, NUMBER, TERMINATED
+from search.tuning.bridge import ErrorCallback, OptunaBridge, Outcome
+from search.tuning.fate import NUMBER
 from search.tuning.faults import DiskFault
 from search.tuning.moasha import MultiObjectiveASHA
 from search.tuning.oom import OOM_RETRIES, OomRetry
 from search.tuning.output import attach_output
 from search.tuning.progress import ProgressCallback
 from search.tuning.scheduler import PruneReportingASHA, build_scheduler
-from search.tuning.signals import Termination
 from search.tuning.stall import StallWatch, StopStragglers
-from search.tuning.stopping import FIRST, FailFast, RunStopper, UnreadKeys
+from search.tuning.stopping import StopLedger
 from search.tuning.worker import run_trial
 
 if TYPE_CHECKING:
@@ -60,6 +55,7 @@ if TYPE_CHECKING:
     from search.compute.data import SharedData
     from search.specs.schema import StudySpec
     from search.tuning.options import RunOptions
+    from search.tuning.signals import Termination
 
 
 def fit(
@@ -79,7 +75,9 @@ def fit(
     stopped the run (:mod:`search.tuning.signals`); ``listeners`` are told each trial's
     :class:`~search.tuning.bridge.Outcome` once the study holds it; ``fence`` says whether
     this run still holds the study's lease (:class:`~search.tuning.bridge.OptunaBridge`): once
-    another driver took the study, the run stops at once and writes none of its trials."""
+    another driver took the study, the run stops at once and writes none of its trials.
+    Every source that stops the run is settled by one :class:`~search.tuning.stopping.
+    StopLedger`."""
     import optuna
 
     init_ray(options.address)
@@ -93,9 +91,31 @@ def fit(
     configure(study, placement.concurrency)  # an auto sampler's plan for K trials at once
     if options.progress and placement.note:
         print(placement.note, file=sys.stderr)
-    watch = FailFast(min(FIRST, budget))
-    unread = UnreadKeys(spec.space, spec.trainable, options.source)
-    fault = DiskFault()
+    ledger = StopLedger(spec, budget, options.source, termination)
+    bridge = _bridge(spec, options, study, run_id, ledger, listeners, fence)
+    ledger.attach(bridge, placement)
+    progress = _progress(spec, bridge, options)
+    watchers = [ErrorCallback(bridge, ledger.disk), StopStragglers(ledger.stopped)]
+    stopper = ledger.stopper
+    tuner = _tuner(spec, options, bridge, placement, data, stopper, budget, watchers, progress)
+    places = [str(options.results_dir), spec.storage]  # where a full disk may be
+    with ledger.settling(storage, progress, places), untagged_callbacks():
+        tuner.fit()
+    return dict(bridge.finished.values()), ledger.verdict(), ledger.device_hours()
+
+
+def _bridge(
+    spec: StudySpec,
+    options: RunOptions,
+    study: optuna.Study,
+    run_id: str,
+    ledger: StopLedger,
+    listeners: Sequence[Callable[[Outcome], None]],
+    fence: Callable[[bool], bool] | None,
+) -> OptunaBridge:
+    """The run's searcher. Each trial's outcome goes to the ledger's watches, its epochs to
+    ``epochs.csv`` (a full disk there goes to the ledger), its output to the dashboard, then
+    to ``listeners``."""
     table = study_folder(options.results_dir, spec.study) / EPOCHS_FILE
 
     def attach(done: Outcome) -> None:
@@ -113,77 +133,11 @@ def fit(
         objectives=[o.metric for o in spec.objectives[1:]],
         seed=spec.sampler.seed or 0,
         run_id=run_id,
-        listeners=[
-            watch,
-            unread,
-            _epochs_table(table, fault),
-            attach,
-            *listeners,
-        ],
+        listeners=[*ledger.listeners, _epochs_table(table, ledger.disk), attach, *listeners],
         start=pending_start(study, spec),
         fence=fence,
     )
-    fault.on_fault = lambda trial_id: bridge.cut(DISK_FULL, trial_id)
-
-    def verdict() -> str | None:
-        return watch.verdict or unread.verdict
-
-    termination = termination or Termination()
-    termination.on_signal = lambda: bridge.cut(TERMINATED)
-    termination.on_interrupt = lambda: bridge.cut(INTERRUPT)
-
-    def abort() -> str | None:  # Tune's loop asks on every step (RunStopper.stop_all)
-        signalled = termination.act()  # the cut a signal asked for, here, not in its handler
-        taken = None if bridge.holds(read=False) else TAKEN
-        return verdict() or fault.verdict or taken or signalled
-
-    stopper = RunStopper(spec.budget.time_limit_s, bridge.mark_interrupted, abort)
-    meter = _device_budget(spec, placement, bridge)
-    stragglers = StopStragglers(lambda: stopper.stopped or meter.exhausted)
-    progress = _progress(spec, bridge, options)
-    tuner = _tuner(
-        spec,
-        options,
-        bridge,
-        placement,
-        data,
-        CombinedStopper(stopper, meter),
-        budget,
-        [ErrorCallback(bridge, fault), stragglers],
-        progress,
-    )
-    try:
-        # SIGTERM, Ctrl-C (search/tuning/signals.py), a full disk: the run stops. The trials
-        # SIGTERM or a full disk cut are replaced next run.
-        with termination.watch(), fault.watching_ray_logs(), untagged_callbacks():
-            tuner.fit()
-    except KeyboardInterrupt:  # a second Ctrl-C: at once
-        if not termination.interrupted:
-            raise
-    except Exception as exc:  # Tune's own write (its experiment state) met a full disk
-        if not fault.met(exc) and storage.outage.gave_up is None:
-            raise
-    finally:
-        try:
-            termination.act()  # a signal the loop had no step left to act on
-            cause = "time limit" if stopper.expired else INTERRUPT
-            cause = BUDGET_CAUSE if meter.exhausted else cause
-            cause = bridge.cut_by or cause
-            if storage.outage.gave_up is None:  # else nothing can be written: the next run
-                bridge.finalize("run stopped early" if verdict() else cause)  # settles them
-                for shown in progress:  # the lines of the trials finalize settled
-                    shown.settled()
-        finally:
-            try:
-                storage.close()
-            except Exception:
-                if bridge.holds(read=False) and storage.outage.gave_up is None:
-                    raise  # else: writes to trials the new holder settled, refused
-    if storage.outage.gave_up is not None:  # the database did not come back in time
-        raise StorageOutageError(storage.outage.gave_up)
-    fault.raise_if_met([str(options.results_dir), spec.storage])
-    hours = (meter.spent_hours, meter.hours, meter.unit) if meter.hours else None
-    return dict(bridge.finished.values()), verdict(), hours
+    return bridge
 
 
 def _epochs_table(table: Path, fault: DiskFault) -> Callable[[Outcome], None]:
@@ -198,26 +152,6 @@ def _epochs_table(table: Path, fault: DiskFault) -> Callable[[Outcome], None]:
                 raise
 
     return append
-
-
-def _device_budget(spec: StudySpec, placement: Placement, bridge: OptunaBridge) -> DeviceBudget:
-    """The ``gpu_hours``/``cpu_hours`` meter, with what earlier runs of the study spent."""
-    hours, devices, unit = budget_for(
-        spec.budget.gpu_hours,
-        spec.budget.cpu_hours,
-        placement.gpus_per_trial,
-        placement.cpus_per_trial,
-    )
-    earlier = [
-        t.user_attrs for t in bridge.study.get_trials(deepcopy=False) if t.state.is_finished()
-    ]
-    return DeviceBudget(
-        hours,
-        devices,
-        lambda trial_id: bridge.mark_interrupted(trial_id, BUDGET_CAUSE),
-        spent_before(earlier, devices),
-        unit,
-    )
 
 
 def _tuner(

@@ -1,4 +1,16 @@
-"""Stopping a run: at its time limit, or early when the user's code fails every trial alike.
+"""Stopping a run: every source that stops it, settled in one place (:class:`StopLedger`).
+
+A run stops before its budget for one of these, and the trials still open then are cut by it
+(their ``stopped_by``; what each leaves in the study is pinned by ``tests/test_stop_causes.py``):
+
+* the code's verdict, "run stopped early" (exit 2): the first trials failed alike
+  (:class:`FailFast`), or a space key is never read (:class:`UnreadKeys`);
+* the world, or Ctrl-C, which cut every open trial at once (the bridge's ``cut``): a full disk
+  (:class:`search.tuning.faults.DiskFault`, exit 2), SIGTERM (exit 143) or Ctrl-C (exit 130:
+  :class:`search.tuning.signals.Termination`), the study taken by another driver (exit 3);
+* the device budget (:class:`search.tuning.budget.DeviceBudget`) and the time limit
+  (:class:`RunStopper`), which cut the trial that crossed them and then the rest;
+* a database that stopped answering (:mod:`search.record.outage`): nothing more is written.
 
 A typo in a space key (``KeyError: 'alpah'``) or a metric name fails every trial, and so does
 a crash of the trial's process (``worker died: SIGSEGV (Segmentation fault) at epoch 2``).
@@ -18,18 +30,29 @@ did not read it: the space should say so with ``when:``, or Optuna samples it fo
 
 from __future__ import annotations
 
+import contextlib
 import re
 import time
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ray.tune.stopper import Stopper
+from ray.tune.stopper import CombinedStopper, Stopper
 
 from search.errors import closest
+from search.record.outage import StorageOutageError
+from search.tuning.budget import BUDGET_CAUSE, DeviceBudget, budget_for, spent_before
+from search.tuning.fate import DISK_FULL, INTERRUPT, TERMINATED
+from search.tuning.faults import DiskFault
 from search.tuning.scheduler import TIME_ATTR
+from search.tuning.signals import Termination
 
 if TYPE_CHECKING:
-    from search.tuning.bridge import Outcome
+    from search.compute.placement import Placement
+    from search.record.writeback import WriteBehindStorage
+    from search.specs.schema import StudySpec
+    from search.tuning.bridge import OptunaBridge, Outcome
+    from search.tuning.progress import ProgressCallback
 
 FIRST = 3
 """How many first trials must fail the same way before the run stops."""
@@ -188,3 +211,172 @@ class RunStopper(Stopper):
     def stop_all(self) -> bool:
         self.stopped = self.stopped or self.expired or self._abort() is not None
         return self.stopped
+
+
+TIME_LIMIT = "time limit"
+"""The ``stopped_by`` of trials the time limit ended."""
+STOPPED_EARLY = "run stopped early"
+"""The ``stopped_by`` of trials still open when the code's verdict stopped the run."""
+
+
+@dataclass(frozen=True)
+class _Wired:
+    """What a ledger is wired to once the bridge exists (:meth:`StopLedger.attach`)."""
+
+    bridge: OptunaBridge
+    clock: RunStopper
+    meter: DeviceBudget
+
+
+class StopLedger:
+    """Every source that stops a run, asked by Tune's loop and settled in one place.
+
+    In the manner of Syne Tune's ``StoppingCriterion``: one object the loop asks after each
+    step whether the run must stop (:meth:`reason`, through :attr:`stopper`), and that says,
+    once the loop ended however it ended, what cut the trials still open (:meth:`cause`) and
+    settles them (:meth:`settling`). The sources, and their hooks into the bridge, are wired
+    here and nowhere else (module docstring).
+
+    Args:
+        spec: The run's spec (its time limit, space and trainable).
+        budget: The trials this run may start (fail-fast watches the first of them).
+        source: The spec file, for the unread-keys line.
+        termination: Records SIGTERM and Ctrl-C (a fresh one when ``None``).
+
+    Example:
+        >>> from search.specs.schema import parse_spec
+        >>> spec = parse_spec({"study": "s", "trainable": "search.testing:curve",
+        ...     "objective": {"metric": "acc", "mode": "max"}, "space": {"x": {"uniform": [0, 1]}}})
+        >>> ledger = StopLedger(spec, budget=8, source="s.yaml")
+        >>> [type(watch).__name__ for watch in ledger.listeners], ledger.verdict()
+        (['FailFast', 'UnreadKeys'], None)
+    """
+
+    def __init__(
+        self,
+        spec: StudySpec,
+        budget: int,
+        source: str,
+        termination: Termination | None = None,
+    ) -> None:
+        self.fail_fast = FailFast(min(FIRST, budget))
+        self.unread = UnreadKeys(spec.space, spec.trainable, source)
+        self.disk = DiskFault()
+        self.termination = termination or Termination()
+        self._time_limit_s = spec.budget.time_limit_s
+        self._gpu_hours, self._cpu_hours = spec.budget.gpu_hours, spec.budget.cpu_hours
+        self._wired: _Wired | None = None
+
+    @property
+    def listeners(self) -> list[Callable[[Outcome], None]]:
+        """The bridge listeners that watch the first trials for a verdict on the code."""
+        return [self.fail_fast, self.unread]
+
+    def attach(self, bridge: OptunaBridge, placement: Placement) -> None:
+        """Wires the sources to ``bridge``: what the world or Ctrl-C cut, it settles at once;
+        the trial the time limit or the device budget (counted for what each trial holds of
+        ``placement``, and what earlier runs of the study spent) stops, it marks cut."""
+        self.disk.on_fault = lambda trial_id: bridge.cut(DISK_FULL, trial_id)
+        self.termination.on_signal = lambda: bridge.cut(TERMINATED)
+        self.termination.on_interrupt = lambda: bridge.cut(INTERRUPT)
+        clock = RunStopper(self._time_limit_s, bridge.mark_interrupted, self.reason)
+        hours, devices, unit = budget_for(
+            self._gpu_hours, self._cpu_hours, placement.gpus_per_trial, placement.cpus_per_trial
+        )
+        earlier = [
+            t.user_attrs for t in bridge.study.get_trials(deepcopy=False) if t.state.is_finished()
+        ]
+        meter = DeviceBudget(
+            hours,
+            devices,
+            lambda trial_id: bridge.mark_interrupted(trial_id, BUDGET_CAUSE),
+            spent_before(earlier, devices),
+            unit,
+        )
+        self._wired = _Wired(bridge, clock, meter)
+
+    @property
+    def wired(self) -> _Wired:
+        """The bridge, the time limit's stopper and the device budget (after :meth:`attach`)."""
+        if self._wired is None:
+            raise RuntimeError("StopLedger.attach(bridge, meter) comes first")
+        return self._wired
+
+    @property
+    def stopper(self) -> Stopper:
+        """The Tune stopper: the time limit (asking :meth:`reason` on every step), then the
+        device budget."""
+        return CombinedStopper(self.wired.clock, self.wired.meter)
+
+    def stopped(self) -> bool:
+        """Whether the run's stoppers have stopped it (the stragglers' timer starts then)."""
+        return self.wired.clock.stopped or self.wired.meter.exhausted
+
+    def device_hours(self) -> tuple[float, float, str] | None:
+        """``(spent, budget, "GPU" or "CPU")`` of the spec's device budget (``None``: none)."""
+        meter = self.wired.meter
+        return (meter.spent_hours, meter.hours, meter.unit) if meter.hours else None
+
+    def verdict(self) -> str | None:
+        """The code's verdict: the run's stopped-early line (``None``: none)."""
+        return self.fail_fast.verdict or self.unread.verdict
+
+    def reason(self) -> str | None:
+        """Why the run must stop now (``None``: go on); asked on every step of Tune's loop.
+        A signal is acted on here, in the loop, not in its handler
+        (:mod:`search.tuning.signals`); a lease found taken cuts the run
+        (:data:`search.tuning.bridge.TAKEN`)."""
+        from search.tuning.bridge import TAKEN
+
+        signalled = self.termination.act()
+        taken = None if self.wired.bridge.holds(read=False) else TAKEN
+        return self.verdict() or self.disk.verdict or taken or signalled
+
+    def cause(self) -> str:
+        """What cut the trials still open when Tune's loop ended: the code's verdict, then
+        what cut the whole run (the world, Ctrl-C), then the device budget, then the time
+        limit; else the loop ended without a stop (a second Ctrl-C): ``interrupt``."""
+        wired = self.wired
+        if self.verdict():
+            return STOPPED_EARLY
+        if wired.bridge.cut_by:
+            return wired.bridge.cut_by
+        if wired.meter.exhausted:
+            return BUDGET_CAUSE
+        return TIME_LIMIT if wired.clock.expired else INTERRUPT
+
+    @contextlib.contextmanager
+    def settling(
+        self, storage: WriteBehindStorage, shown: Sequence[ProgressCallback], places: Sequence[str]
+    ) -> Iterator[None]:
+        """Runs Tune's loop inside, with SIGTERM and Ctrl-C recorded and Ray's sync warnings
+        read for a full disk; however the loop ended, tells every trial still open its fate by
+        :meth:`cause` (and its console line in ``shown``) and closes ``storage``; then raises
+        the one line of a source that ends the command: a database outage, or a full disk
+        (naming the first of ``places``, the results folder and the storage URL, it is on)."""
+        bridge, outage = self.wired.bridge, storage.outage
+        try:
+            with self.termination.watch(), self.disk.watching_ray_logs():
+                yield
+        except KeyboardInterrupt:  # a second Ctrl-C: at once
+            if not self.termination.interrupted:
+                raise
+        except Exception as exc:  # Tune's own write (its experiment state) met a full disk
+            if not self.disk.met(exc) and outage.gave_up is None:
+                raise
+        finally:
+            try:
+                self.termination.act()  # a signal the loop had no step left to act on
+                if outage.gave_up is None:  # else nothing can be written: the next run
+                    bridge.finalize(self.cause())  # settles them
+                    for line in shown:  # the lines of the trials finalize settled
+                        line.settled()
+            finally:
+                try:
+                    storage.close()
+                except Exception:
+                    if bridge.holds(read=False) and outage.gave_up is None:
+                        raise  # else: writes to trials the new holder settled, refused
+        if outage.gave_up is not None:  # the database did not come back in time
+            raise StorageOutageError(outage.gave_up)
+        self.disk.raise_if_met(places)
