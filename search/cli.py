@@ -410,10 +410,9 @@ def _registry(
 ) -> Any:
     """The MLflow target of ``export``, checked before any confirmation run (None: none)."""
     if uri is None and model_name is None and not promote:
-        from search.handover.candidates import stored_spec
-        from search.record.study import load_study
+        from search.record.study import load_study, stored_spec
 
-        spec = stored_spec(load_study(study, storage), storage)
+        spec = stored_spec(load_study(study, storage), storage, find_code=True, required=True)
         if spec.export is None or spec.export.mlflow is None:
             return None  # no MLflow import for a plain export
     from search.handover.registry import preflight, target_for

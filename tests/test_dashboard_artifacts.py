@@ -29,8 +29,9 @@ from optuna.trial import TrialState, create_trial
 
 from search.record.artifacts import attached, store_path
 from search.record.queries import EPOCHS_FILE
+from search.record.storage import open_storage
 from search.report.artifacts import attach_file, publish_artifacts
-from search.report.dashboard import dashboard_app, publish_study, study_note
+from search.report.dashboard import ResultsArtifactStore, publish_study, study_note
 from search.tuning.output import attach_output
 from tests.helpers import REPO
 
@@ -97,6 +98,14 @@ def _api(base: str, path: str) -> Any:
     return json.loads(_get(base, path)[0])
 
 
+def _dashboard_app(storage_url: str, results_dir: Path) -> Any:
+    """optuna-dashboard's WSGI application with the artifact store ``search dashboard`` serves
+    (:func:`search.report.dashboard.serve`), on a server a test can stop."""
+    from optuna_dashboard import wsgi
+
+    return wsgi(open_storage(storage_url), artifact_store=ResultsArtifactStore(results_dir))
+
+
 class _Quiet(WSGIRequestHandler):
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 (the base's name)
         pass
@@ -112,7 +121,7 @@ def served(
     studies = {"single": _single(url, results), "multi": _multi(url)}
     for study in studies.values():
         publish_study(study, results)
-    server = make_server("127.0.0.1", 0, dashboard_app(url, results), handler_class=_Quiet)
+    server = make_server("127.0.0.1", 0, _dashboard_app(url, results), handler_class=_Quiet)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:

@@ -14,13 +14,20 @@ from search.record.pareto import (
     dominates,
     nondominated_sort,
     pareto_front,
-    rank_order,
+    rank_keys,
 )
 from search.tuning.moasha import MultiObjectiveASHA
 
 NAN = float("nan")
 INF = float("inf")
 ACC_MS = ["max", "min"]
+
+
+def rank_order(points: list[tuple[float, ...]], directions: list[str]) -> list[int]:
+    """Every index, best first, by :func:`rank_keys` (the order MO-ASHA cuts by), then by
+    index: a total order, the same on every run."""
+    keys = rank_keys(points, directions)
+    return sorted(range(len(points)), key=lambda index: (keys[index], index))
 
 
 @dataclass(frozen=True)

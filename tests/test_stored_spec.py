@@ -11,7 +11,7 @@ import optuna
 import pytest
 
 from search.errors import SpecError
-from search.record.study import stored_spec
+from search.record.study import NoSpecError, stored_spec
 from search.report.figures import metric_of, milestones
 from search.report.html import summarize
 from search.specs.derive import asha_milestones
@@ -75,3 +75,17 @@ def test_reading_a_stored_spec_imports_none_of_its_code(
     assert marker.exists()
     sys.modules.pop("planted.sub", None)
     sys.modules.pop("planted", None)
+
+
+def test_one_reader_of_the_stored_spec_for_export_and_the_report(tmp_path: Path) -> None:
+    """``export`` and ``register`` read the spec through the same function as the report, and
+    a study without one (not made by ``search run``) is their one line, not ``None``."""
+    import search.handover.candidates
+
+    assert not hasattr(search.handover.candidates, "stored_spec")  # no second reader
+    study = _study(tmp_path)
+    spec = stored_spec(study, "sqlite:///real.db", find_code=True, required=True)
+    assert spec.storage == "sqlite:///real.db" and spec == stored_spec(study, "sqlite:///real.db")
+    bare = optuna.create_study(study_name="bare")
+    with pytest.raises(NoSpecError, match="study 'bare' has no spec .* run it again"):
+        stored_spec(bare, required=True)

@@ -17,7 +17,6 @@ from typing import TYPE_CHECKING, Any
 from search.contract import declarations
 from search.handover.train import ExportError
 from search.record.queries import pareto_trials
-from search.record.study import stored_spec as read_stored_spec
 
 if TYPE_CHECKING:
     import optuna
@@ -36,26 +35,6 @@ class Candidate:
     value: float
     params: dict[str, Any]
     distributions: dict[str, Any]
-
-
-def stored_spec(study: optuna.Study, storage: str) -> StudySpec:
-    """The spec recorded on ``study``, with ``storage`` (the real URL) for the redacted one.
-
-    Raises:
-        ExportError: When the study holds no spec (it was not created by ``search run``).
-    """
-    spec = read_stored_spec(study, storage, find_code=True)
-    if spec is None:
-        raise ExportError(
-            f"study {study.study_name!r} has no spec (user attribute 'spec'); "
-            "only studies made by 'python -m search run' can be exported"
-            + (
-                ""
-                if study.trials
-                else " (a run that failed before its first trial leaves such a study: run it again)"
-            )
-        )
-    return spec
 
 
 def candidates(study: optuna.Study, top_k: int) -> list[Candidate]:

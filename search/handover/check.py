@@ -224,10 +224,13 @@ def prepared(t: Tensor, raw: Any) -> np.ndarray:
     return x
 
 
-def _validation(
+def validation_rows(
     folder: Path, declared: Declared | None, inputs: Sequence[Tensor], builtin: bool
 ) -> tuple[dict[str, np.ndarray], np.ndarray, str] | str:
-    """The validation arrays (by input name), the labels and what they are; or why none."""
+    """The bundle's validation arrays (by input name) as the model takes them, their labels
+    and what they are; or why there are none (``builtin``: a built-in trainable's bundle, whose
+    validation rows are the data split its ``config.yaml`` names). The served model's input
+    example reads them too (:mod:`search.handover.mlflow_model`)."""
     source = declared.validation if declared is not None else (DATASET if builtin else None)
     if source is None:
         why = "no inputs.json" if declared is None else "inputs.json names no validation data"
@@ -411,7 +414,7 @@ def check_bundle(folder: str | Path) -> list[str]:
     if problem:
         raise BundleCheckFailed(problem, lines)
 
-    val = _validation(folder, declared, inputs, builtin)
+    val = validation_rows(folder, declared, inputs, builtin)
     name = accuracy_name(config)
     target = _target(folder, declared, name)
     if isinstance(val, str) or isinstance(target, str):

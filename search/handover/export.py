@@ -49,7 +49,6 @@ from search.handover.candidates import (
     candidates,
     confirmation_seeds,
     resolved_config,
-    stored_spec,
 )
 from search.handover.confirm import (
     ConfirmRun,
@@ -61,7 +60,7 @@ from search.handover.confirm import (
 from search.handover.pick import parse_constraints, pick_trial
 from search.handover.register import export_folder
 from search.handover.train import ExportError, Log, check_returns_model, no_hook, will_import
-from search.record.study import load_study
+from search.record.study import load_study, stored_spec
 from search.report.artifacts import attach_file
 from search.specs.schema import parse_spec
 
@@ -167,7 +166,7 @@ def export_study(
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     start = time.monotonic()
     study = load_study(study_name, storage)
-    spec = stored_spec(study, storage)
+    spec = stored_spec(study, storage, find_code=True, required=True)
     out = Path(out_dir) if out_dir else export_folder(results_dir, study.study_name)
     log(will_import(spec, f"the spec stored in study {study_name!r}"))
     cands = _choose(study, spec, top_k, pick, log)

@@ -91,25 +91,12 @@ def raw(t: Tensor, prepared: np.ndarray) -> np.ndarray:
     return x.astype(np.dtype(t.dtype))
 
 
-def raw_validation(
-    folder: Path, declared: Declared
-) -> tuple[dict[str, np.ndarray], np.ndarray, str] | str:
-    """The bundle's validation rows as a caller sends them (raw), their labels and what they
-    are; or why there are none."""
-    got = check._validation(folder, declared, declared.inputs, builtin=True)
-    if isinstance(got, str):
-        return got
-    arrays, labels, what = got
-    by_name = {t.name: t for t in declared.inputs}
-    return {k: raw(by_name[k], v) for k, v in arrays.items() if k in by_name}, labels, what
-
-
 def _shipped(folder: Path, declared: Declared | None) -> dict[str, np.ndarray] | None:
     """The first validation rows as the model takes them; None when the bundle has none."""
     if declared is None:
         return None
     try:
-        got = check._validation(folder, declared, declared.inputs, builtin=True)
+        got = check.validation_rows(folder, declared, declared.inputs, builtin=True)
     except SearchError:  # unreadable: ``check`` says why; the example falls back to zeros
         return None
     return None if isinstance(got, str) else {k: v[:EXAMPLE_ROWS] for k, v in got[0].items()}

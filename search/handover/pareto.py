@@ -29,13 +29,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from search.handover.bundle import confirmed_metrics, write_bundle
-from search.handover.candidates import candidates, stored_spec
+from search.handover.candidates import candidates
 from search.handover.confirm import ConfirmRun, Row
 from search.handover.export import confirm_candidates, open_session
 from search.handover.pareto_index import ParetoPoint, write_index
 from search.handover.register import export_folder
 from search.handover.train import ExportError, Log, will_import
-from search.record.study import load_study
+from search.record.study import load_study, stored_spec
 from search.report.artifacts import attach_file
 
 if TYPE_CHECKING:
@@ -74,7 +74,7 @@ def export_pareto(
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     start = time.monotonic()
     study = load_study(study_name, storage)
-    spec = stored_spec(study, storage)
+    spec = stored_spec(study, storage, find_code=True, required=True)
     log(will_import(spec, f"the spec stored in study {study_name!r}"))
     if not spec.multi_objective:
         raise ExportError(

@@ -37,11 +37,10 @@ import yaml
 
 from search.contract.inputs import read_inputs
 from search.errors import SearchError, one_line
-from search.handover.candidates import stored_spec
 from search.handover.mlflow_model import log_model
 from search.handover.promote import promote, version_tags
 from search.record.storage import expand, redact, scrub
-from search.record.study import load_study
+from search.record.study import load_study, stored_spec
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -302,7 +301,7 @@ def target_for(
 ) -> Target | None:
     """The registry ``export`` writes to: ``--mlflow`` or the spec's ``export.mlflow``; None
     when neither names one."""
-    spec = stored_spec(load_study(study_name, storage), storage)
+    spec = stored_spec(load_study(study_name, storage), storage, find_code=True, required=True)
     declared = spec.export.mlflow if spec.export is not None else None
     if uri is None and declared is None:
         if promote:

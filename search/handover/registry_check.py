@@ -78,7 +78,7 @@ def _score(model_uri: str, version: Any, model: Any, folder: Path) -> list[str]:
     declared = read_inputs(folder)
     if declared is None:
         raise RegistryError(f"{model_uri}: its bundle has no inputs.json to score it on")
-    got = check._validation(folder, declared, declared.inputs, builtin=True)
+    got = check.validation_rows(folder, declared, declared.inputs, builtin=True)
     target = check._target(folder, declared)
     if isinstance(got, str) or isinstance(target, str):
         why = got if isinstance(got, str) else target

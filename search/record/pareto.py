@@ -130,16 +130,3 @@ def rank_keys(points: Sequence[Point], directions: Sequence[str]) -> list[tuple[
         for index, distance in zip(front, distances, strict=True):
             keys[index] = (number, 0.0 - distance)  # 0.0, not -0.0
     return keys
-
-
-def rank_order(points: Sequence[Point], directions: Sequence[str]) -> list[int]:
-    """Every index, best first: by front, then by crowding distance (larger first), then by
-    index, so the order is total and the same on every run.
-
-    Example:
-        >>> points = [(0.7, 20.0), (0.9, 30.0), (0.85, 20.0), (0.8, 10.0), (0.88, 26.0)]
-        >>> rank_order(points, ["max", "min"])
-        [1, 3, 2, 4, 0]
-    """
-    keys = rank_keys(points, directions)
-    return sorted(range(len(points)), key=lambda index: (keys[index], index))

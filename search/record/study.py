@@ -5,7 +5,7 @@ from __future__ import annotations
 import warnings
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, overload
 
 import optuna
 
@@ -150,25 +150,76 @@ def record_spec(study: optuna.Study, spec: StudySpec) -> None:
     study.set_user_attr("spec", new)
 
 
+class NoSpecError(SearchError):
+    """The study holds no spec: it was not made by ``search run``."""
+
+
+@overload
 def stored_spec(
-    study: optuna.Study, storage: str | None = None, *, find_code: bool = False
+    study: optuna.Study,
+    storage: str | None = None,
+    *,
+    find_code: bool = False,
+    required: Literal[False] = False,
+) -> StudySpec | None: ...
+
+
+@overload
+def stored_spec(
+    study: optuna.Study,
+    storage: str | None = None,
+    *,
+    find_code: bool = False,
+    required: Literal[True],
+) -> StudySpec: ...
+
+
+def stored_spec(
+    study: optuna.Study,
+    storage: str | None = None,
+    *,
+    find_code: bool = False,
+    required: bool = False,
 ) -> StudySpec | None:
-    """The spec ``search run`` recorded on ``study`` (:func:`record_spec`), typed.
+    """The spec ``search run`` recorded on ``study`` (:func:`record_spec`), typed: the one
+    reader of it, for the report (which shows a study) and ``export`` (which runs its code).
 
     Args:
         study: The study.
         storage: The real storage URL, in place of the redacted one stored; ``None`` keeps that.
         find_code: Whether to check that its trainable's module can be found (``export``
             does; reading a study to show it imports none of its code).
+        required: Whether a study without a spec is an error (``export``, ``register``)
+            rather than ``None`` (the report shows any Optuna study).
 
     Returns:
         The spec, or ``None`` when the study holds none (it was not made by ``search run``).
 
     Raises:
         SpecError: When the stored spec is not one this version reads.
+        NoSpecError: With ``required``, when the study holds none.
+
+    Example:
+        >>> stored_spec(optuna.create_study()) is None
+        True
+        >>> stored_spec(optuna.create_study(study_name="x"), required=True)
+        Traceback (most recent call last):
+        ...
+        search.record.study.NoSpecError: study 'x' has no spec (user attribute 'spec'); ...
     """
     data = study.user_attrs.get("spec")
     if not isinstance(data, dict):
+        if required:
+            raise NoSpecError(
+                f"study {study.study_name!r} has no spec (user attribute 'spec'); only "
+                "studies made by 'python -m search run' can be exported"
+                + (
+                    ""
+                    if study.trials
+                    else " (a run that failed before its first trial leaves such a study: "
+                    "run it again)"
+                )
+            )
         return None
     if storage is not None:
         data = {**data, "storage": storage}

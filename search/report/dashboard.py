@@ -211,13 +211,6 @@ class ResultsArtifactStore:
         self._find(artifact_id).unlink()
 
 
-def dashboard_app(storage_url: str, results_dir: Path) -> Any:
-    """optuna-dashboard's WSGI application, with every study's artifacts in ``results_dir``."""
-    from optuna_dashboard import wsgi
-
-    return wsgi(open_storage(storage_url), artifact_store=ResultsArtifactStore(results_dir))
-
-
 def serve(
     storage_url: str,
     host: str = LOOPBACK,
