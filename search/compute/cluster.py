@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import re
 import sys
 import threading
 from collections.abc import Iterator
@@ -64,21 +65,30 @@ def _quiet_token_enabled(record: logging.LogRecord) -> bool:
 
 
 _UNHANDLED_LOGGER = "ray._private.worker"
+_TRIAL_TASK = re.compile(r"ray::(ImplicitFunc|_Inner)\.train\(\)")
+"""How Ray names the task of a Tune trial (a function trainable's ``train`` step)."""
 
 
-def _quiet_full_disk_unhandled(record: logging.LogRecord) -> bool:
-    """Drops Ray's "Unhandled error" of a task that met a full disk: the remote traceback of
-    a trial Tune dropped once the run was cut (the run's one line names the full disk);
-    keeps every other unhandled error.
+def _quiet_unhandled(record: logging.LogRecord) -> bool:
+    """Drops Ray's "Unhandled error" of a Tune trial's task, or of a task that met a full
+    disk: the remote traceback of a result Tune dropped unread once the run stopped (a
+    trial's error is the study's one line and its traceback file; a full disk, the run's one
+    line); keeps every other unhandled error.
 
     Example:
-        >>> record = logging.makeLogRecord({"msg": "Unhandled error (suppress with ...): "
-        ...     "ray::train()\\n  File ...\\nOSError: [Errno 28] No space left on device"})
-        >>> _quiet_full_disk_unhandled(record)
+        >>> def record(msg):
+        ...     return logging.makeLogRecord({"msg": "Unhandled error (suppress with ...): " + msg})
+        >>> _quiet_unhandled(record("ray::f()\\n  File ...\\nOSError: [Errno 28] No space left"))
         False
+        >>> _quiet_unhandled(record("\\x1b[36mray::ImplicitFunc.train()\\x1b[39m\\nValueError"))
+        False
+        >>> _quiet_unhandled(record("ray::my_task()\\n  File ...\\nValueError: x"))
+        True
     """
     text = record.getMessage()
-    return not (text.startswith("Unhandled error") and disk_full(RuntimeError(text)) is not None)
+    if not text.startswith("Unhandled error"):
+        return True
+    return _TRIAL_TASK.search(text) is None and disk_full(RuntimeError(text)) is None
 
 
 _SPAWNER: list[int] = []
@@ -136,7 +146,7 @@ def init_ray(address: str | None, num_cpus: int | None = None, num_gpus: int | N
     use_cluster_token(address)  # Ray 2.60 clusters want RAY_AUTH_MODE=token from drivers
     if address is None:  # a local Ray that turned token auth on says so: news to nobody
         logging.getLogger(_AUTH_LOGGER).addFilter(_quiet_token_enabled)
-    logging.getLogger(_UNHANDLED_LOGGER).addFilter(_quiet_full_disk_unhandled)
+    logging.getLogger(_UNHANDLED_LOGGER).addFilter(_quiet_unhandled)
     local = address in (None, "local")
     with own_process_group() if address is None else contextlib.nullcontext():
         try:

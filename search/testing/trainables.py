@@ -232,6 +232,7 @@ HOSTILE_MODES = (
     "nothing",
     "keyerror",
     "yields_list",
+    "valueerror",
 )
 """The ordinary mistakes of a user's trainable that :func:`hostile` makes, one per ``mode``."""
 
@@ -251,6 +252,7 @@ def hostile(config: Mapping[str, Any], data: Dataset, ctx: TrialContext) -> Iter
     only. ``none``: the objective is ``None`` at epoch 2. ``string``: the objective is a
     string. ``nothing``: yields no epoch at all. ``keyerror``: reads a config key the space
     does not have (``learning_rate``). ``yields_list``: a list of numbers instead of a dict.
+    ``valueerror``: raises the same ``ValueError`` at epoch 2, every attempt.
     """
     import numpy as np
 
@@ -260,6 +262,8 @@ def hostile(config: Mapping[str, Any], data: Dataset, ctx: TrialContext) -> Iter
     if mode == "keyerror":
         config["learning_rate"]  # noqa: B018  (a key the space misspelled)
     for epoch in range(ctx.start_epoch, ctx.max_epochs + 1):
+        if mode == "valueerror" and epoch == 2:
+            raise ValueError("a bad batch")
         accuracy = 0.5 + 0.1 * epoch
         metrics: dict[str, Any] = {"val_accuracy": accuracy, "val_loss": 1.0 - accuracy}
         if mode == "numpy_nan":

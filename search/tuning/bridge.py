@@ -34,6 +34,7 @@ from search.specs.space import sample
 from search.tuning.death import Deaths, node_lost
 from search.tuning.fate import NODE_LOST, NUMBER, SEED, TrialRecord
 from search.tuning.faults import DiskFault
+from search.tuning.oom import out_of_memory
 from search.tuning.output import LOG_FILE
 
 TAKEN = "taken over"
@@ -362,12 +363,20 @@ class ErrorCallback(Callback):
     it where each trial's output goes (``output.log`` in the trial's folder). A trial whose
     process died fails with what ended it, read from that log (:mod:`search.tuning.death`). An
     error that is a full disk goes to ``fault`` instead, at the first attempt (no retry would
-    help): the world's doing, not the trial's (:mod:`search.tuning.faults`)."""
+    help): the world's doing, not the trial's (:mod:`search.tuning.faults`). The error of an
+    attempt that raised and is retried (not a death, not a GPU out of memory) goes to
+    ``attempts`` too, as the trial's first showing (:class:`search.tuning.stopping.FailFast`)."""
 
-    def __init__(self, bridge: OptunaBridge, fault: DiskFault | None = None) -> None:
+    def __init__(
+        self,
+        bridge: OptunaBridge,
+        fault: DiskFault | None = None,
+        attempts: Callable[[Outcome], None] = lambda outcome: None,
+    ) -> None:
         self._bridge = bridge
         self._deaths = Deaths()
         self._fault = fault or DiskFault()
+        self._attempts = attempts
 
     def on_trial_result(
         self, iteration: int, trials: list[Trial], trial: Trial, result: dict, **info: Any
@@ -402,7 +411,11 @@ class ErrorCallback(Callback):
         death = self._deaths.reason(trial, error, _log(trial))
         if death and not node_lost(error):
             self._deaths.hold(trial)  # a lost node says nothing of the next attempt
-        self._bridge.record_retry(trial.trial_id, death or error_summary(error))
+        summary = error_summary(error)
+        self._bridge.record_retry(trial.trial_id, death or summary)
+        if death is None and not out_of_memory(summary) and NUMBER in trial.config:
+            where = getattr(trial, "error_file", None)  # Ray's: the attempt's traceback
+            self._attempts(Outcome(int(trial.config[NUMBER]), "FAIL", summary, where, True))
 
 
 def _log(trial: Trial) -> Path | None:

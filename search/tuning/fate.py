@@ -20,8 +20,8 @@ The rules:
       ``stalled: ...``, whatever else stopped it after;
     * stopped by the scheduler before the epoch budget -> ``PRUNED``;
     * stopped from outside by the user's own limits (``budget.time_limit_s``, a device
-      budget, Ctrl-C) after some epochs -> ``PRUNED`` with ``stopped_by``, before its first
-      epoch -> ``FAIL``;
+      budget, Ctrl-C) or the run's stop after some epochs -> ``PRUNED`` with ``stopped_by``,
+      before its first epoch -> ``FAIL`` (with the error it was being retried after, if any);
     * cut by the world before the epoch budget -> ``FAIL`` with
       :data:`search.record.resume.INTERRUPTED`: replaced by the next run;
     * trained to the end, or stopped by its own early-stopping rule -> ``COMPLETE`` with the
@@ -179,11 +179,10 @@ class TrialRecord:
         if reason is None and self.errored:
             reason = "the trial raised an error"
         if reason is None and not self.curve:
-            reason = (
-                f"ended before its first epoch ({self.interrupted})"
-                if self.interrupted
-                else "no epoch reported"
-            )
+            reason = "no epoch reported"
+            if self.interrupted:  # a retry the run's stop cut still says what it retried
+                before = f"{self.retried_after[-1]}; its retry " if self.retried_after else ""
+                reason = f"{before}ended before its first epoch ({self.interrupted})"
         if reason is not None:
             return TrialState.FAIL, None, str(reason)
         value = self.curve[self.epochs]

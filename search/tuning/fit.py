@@ -95,7 +95,8 @@ def fit(
     bridge = _bridge(spec, options, study, run_id, ledger, listeners, fence)
     ledger.attach(bridge, placement)
     progress = _progress(spec, bridge, options)
-    watchers = [ErrorCallback(bridge, ledger.disk), StopStragglers(ledger.stopped)]
+    errors = ErrorCallback(bridge, ledger.disk, ledger.fail_fast.attempt)
+    watchers = [errors, StopStragglers(ledger.stopped)]
     stopper = ledger.stopper
     tuner = _tuner(spec, options, bridge, placement, data, stopper, budget, watchers, progress)
     places = [str(options.results_dir), spec.storage]  # where a full disk may be

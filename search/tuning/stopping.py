@@ -59,12 +59,22 @@ FIRST = 3
 
 
 def _same(reason: str) -> str:
-    """The reason without epoch numbers, so ``... at epoch 1`` and ``at epoch 2`` match."""
+    """The reason without epoch numbers, so ``... at epoch 1`` and ``at epoch 2`` match, and
+    without the note of an error that was not retried, so a trial's first attempt (retried)
+    and another trial's last (not retried further) match."""
+    reason = re.sub(r" \((again on retry \d+: )?not retried[^)]*\)$", "", reason)
     return re.sub(r"\bepoch \d+", "epoch N", reason)
 
 
 class FailFast:
     """Watches the first trials of a run (a bridge listener); :attr:`verdict` says why to stop.
+
+    Each trial counts once: by its outcome, or until that is in, by the error of an attempt
+    that raised and is being retried (:meth:`attempt`, which
+    :class:`search.tuning.bridge.ErrorCallback` calls), so the stop comes as soon as the first
+    trials raised alike, not after all their retries. One of them must have ended with it (not
+    retried, or raised again on its retry): an error every first attempt meets once and no
+    retry meets again (a file not yet there, a flaky read) does not stop the run.
 
     Args:
         first: How many trials to watch (fewer when the budget is smaller).
@@ -76,18 +86,40 @@ class FailFast:
         ...     watch(Outcome(n, "FAIL", "KeyError: 'lr'", "/t/traceback.txt", code_error=True))
         >>> watch.verdict
         "the first 2 trials failed the same way: KeyError: 'lr' (traceback: /t/traceback.txt)"
+        >>> watch = FailFast(first=2)
+        >>> for n in range(2):  # both first attempts raised; both are retried
+        ...     watch.attempt(Outcome(n, "FAIL", "OSError: x at epoch 1", code_error=True))
+        >>> watch.verdict is None
+        True
+        >>> again = "OSError: x at epoch 2 (again on retry 1: not retried further)"
+        >>> watch(Outcome(1, "FAIL", again, code_error=True))  # its retry raised it again
+        >>> watch.verdict
+        'the first 2 trials failed the same way: OSError: x at epoch 1'
     """
 
     def __init__(self, first: int = FIRST) -> None:
         self._first = max(1, first)
         self._seen: list[Outcome] = []
+        self._final: set[int] = set()  # the watched trials whose outcome is in
         self.verdict: str | None = None
 
     def __call__(self, outcome: Outcome) -> None:
-        if len(self._seen) >= self._first:
-            return
-        self._seen.append(outcome)
-        if len(self._seen) < self._first:
+        self._note(outcome, final=True)
+
+    def attempt(self, outcome: Outcome) -> None:
+        """Notes the error of a trial's attempt that Tune retries (``outcome`` a FAIL)."""
+        self._note(outcome, final=False)
+
+    def _note(self, outcome: Outcome, final: bool) -> None:
+        mine = [i for i, o in enumerate(self._seen) if o.number == outcome.number]
+        if mine and final:  # how its retries ended: it counts by that from now on
+            self._seen[mine[0]] = outcome
+            self._final.add(outcome.number)
+        elif not mine and len(self._seen) < self._first:
+            self._seen.append(outcome)
+            if final:
+                self._final.add(outcome.number)
+        if len(self._seen) < self._first or not self._final or self.verdict:
             return
         reasons = {_same(o.reason or "") for o in self._seen}
         if all(o.state == "FAIL" and o.code_error for o in self._seen) and len(reasons) == 1:

@@ -6,10 +6,19 @@ device and GPU share; the trainable seeds its own generators from ``ctx.seed``),
 state the trainable saves into a Tune checkpoint now and then (so a retried trial resumes near
 where it failed; see :func:`_checkpoint`), and stops the trial itself at the first NaN
 or infinite metric, so ASHA never has to run a diverged trial to the end.
+
+A user's error is not retried twice. Tune retries whatever raises (``faults.max_failures``),
+and an error of :data:`search.contract.driver.NOT_RETRIED` ends the trial at once; any other
+error ends it when it repeats identically on its retry: the same type and message, at the same
+epoch or before (:func:`_again`). An error that changes, or comes later than the one before,
+keeps the trial's retries, and so do a GPU out of memory (:mod:`search.tuning.oom`), a full
+disk (:mod:`search.tuning.faults`) and a dead process or node (:mod:`search.tuning.death`),
+which have rules of their own.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import shutil
@@ -29,7 +38,7 @@ from search.contract import RESERVED_PREFIX, TrialContext, declarations, drive
 from search.contract.driver import NOT_RETRIED
 from search.contract.named import code_names
 from search.contract.reads import ReadConfig
-from search.errors import error_summary
+from search.errors import disk_full, error_summary
 from search.tuning.death import exit_noted
 from search.tuning.fate import (
     CODE_ERROR,
@@ -49,6 +58,7 @@ from search.tuning.fate import (
     TRACEBACK,
     UNREAD,
 )
+from search.tuning.oom import out_of_memory
 from search.tuning.output import captured
 
 if TYPE_CHECKING:
@@ -56,6 +66,10 @@ if TYPE_CHECKING:
 
 EPOCH_FILE = "search_epoch.json"
 """Written by the worker into every checkpoint: the epoch it holds."""
+ERROR_FILE = "search_error.json"
+"""Written beside a trial's ``output.log`` by an attempt that raised (and is retried): its
+error, the epoch it raised in and how many attempts failed, for the next attempt to compare."""
+NOT_RETRIED_NOTE = " (not retried: it fails the same way every time)"
 
 
 def _placement() -> tuple[str, str]:
@@ -167,16 +181,50 @@ def _log_dir(ctx: TrialContext) -> str:
     return ctx.trial_dir
 
 
-def _code_error(exc: BaseException, ctx: TrialContext) -> dict[str, Any]:
-    """The report of a trial that raised one of :data:`NOT_RETRIED`."""
+def _code_error(exc: BaseException, ctx: TrialContext, note: str = NOT_RETRIED_NOTE) -> dict:
+    """The report of a trial that raised an error no retry fixes: one of :data:`NOT_RETRIED`,
+    or one that repeated on its retry (``note`` says which)."""
     path = Path(_log_dir(ctx)) / "traceback.txt"  # beside output.log
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text("".join(traceback.format_exception(exc)))
     except OSError:
         path = Path("(not written)")
-    reason = f"{error_summary(exc)} (not retried: it fails the same way every time)"
-    return {FAIL_REASON: reason, TRACEBACK: str(path), CODE_ERROR: True}
+    return {FAIL_REASON: error_summary(exc) + note, TRACEBACK: str(path), CODE_ERROR: True}
+
+
+def _again(exc: BaseException, epoch: int, folder: Path) -> str | None:
+    """The note of an error the trial's attempt before raised too, at ``epoch`` or later
+    (``" (again on retry 1: not retried further)"``): the trial ends with it. ``None`` when a
+    retry may do better (another error, one further on, a GPU out of memory, a full disk),
+    once the error is noted in ``folder``'s :data:`ERROR_FILE` for the next attempt.
+
+    Example:
+        >>> import tempfile
+        >>> folder = Path(tempfile.mkdtemp())
+        >>> _again(ValueError("bad"), 2, folder) is None  # the first attempt: retried
+        True
+        >>> _again(ValueError("worse"), 2, folder) is None  # another error: retried
+        True
+        >>> _again(ValueError("worse"), 3, folder) is None  # further on than before: retried
+        True
+        >>> _again(ValueError("worse"), 3, folder)
+        ' (again on retry 3: not retried further)'
+    """
+    summary = error_summary(exc)
+    if out_of_memory(summary) or disk_full(exc) is not None:
+        return None
+    path = folder / ERROR_FILE
+    try:
+        earlier = json.loads(path.read_text())
+    except (OSError, ValueError):
+        earlier = {}
+    failed = int(earlier.get("attempts", 0))  # earlier attempts that failed
+    if earlier.get("error") == summary and int(earlier.get("epoch", 0)) >= epoch:
+        return f" (again on retry {failed}: not retried further)"
+    with contextlib.suppress(OSError):  # not noted: the retry is retried as before
+        path.write_text(json.dumps({"error": summary, "epoch": epoch, "attempts": failed + 1}))
+    return None
 
 
 def run_trial(config: dict[str, Any], job: TrialJob, data: Dataset) -> None:
@@ -257,6 +305,12 @@ def _run(
     except NOT_RETRIED as exc:
         failed = _failed(job.metric, {}, "")
         tune.report({**failed, **_code_error(exc, ctx), **where, EPOCH: last})
+    except Exception as exc:
+        note = _again(exc, last + 1, Path(_log_dir(ctx)))
+        if note is None:
+            raise  # Tune retries it (faults.max_failures)
+        failed = _failed(job.metric, {}, "")
+        tune.report({**failed, **_code_error(exc, ctx, note), **where, EPOCH: last})
     finally:
         for folder in (ctx.checkpoint_dir, ctx.restore_dir):
             if folder:
