@@ -93,6 +93,19 @@ def base_spec(tmp_path: Path, **changes: Any) -> dict[str, Any]:
     return spec
 
 
+def deadline_after_first_epoch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The run's time limit passes only once its clock has run out *and* a trial has reported
+    an epoch: a test of what a time limit records then sees a trial cut mid-run whatever the
+    machine's load (on a loaded machine, Ray's workers can take the whole limit to start, and
+    every trial would end before its first epoch). The limit itself stays the real clock's.
+    """
+    from search.tuning.stopping import RunStopper
+
+    clock = RunStopper.expired.fget
+    assert clock is not None
+    monkeypatch.setattr(RunStopper, "expired", property(lambda s: clock(s) and bool(s._seen)))
+
+
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that nothing listens on now."""
     with socket.socket() as s:

@@ -19,7 +19,7 @@ from search.record.queries import write_results
 from search.record.study import load_study
 from search.specs.schema import load_spec, parse_spec
 from search.tuning.runner import RunOptions, run_study
-from tests.helpers import base_spec
+from tests.helpers import base_spec, deadline_after_first_epoch
 
 pytestmark = [pytest.mark.ray]
 
@@ -189,8 +189,11 @@ def test_stock_searcher_gets_it_wrong_and_ours_right(ray_local: None, tmp_path: 
 
 
 def test_time_limit_stops_trials_and_records_them_truthfully(
-    ray_local: None, tmp_path: Path
+    ray_local: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """Whatever the load, the limit cuts a trial that trained (its clock waits for a first
+    epoch: :func:`deadline_after_first_epoch`), and each trial's record says what it did."""
+    deadline_after_first_epoch(monkeypatch)
     spec = parse_spec(
         base_spec(
             tmp_path,
