@@ -21,6 +21,8 @@ from pathlib import Path
 
 import numpy as np
 
+from search.contract.shapes import CLASSES, generate
+
 
 @dataclass(frozen=True)
 class Dataset:
@@ -102,8 +104,6 @@ def load_shapes(
         >>> data.input_shape, len(data.y_train), len(data.y_val), data.num_classes
         ((3, 16, 16), 40, 10, 10)
     """
-    from search.contract.shapes import CLASSES, generate
-
     x, y = generate(
         samples or SHAPES_SAMPLES,
         SHAPES_DIFFICULTY if difficulty is None else difficulty,

@@ -14,8 +14,8 @@ per stage, and takes the speed levers as knobs:
                      the next trials of the same shape in the process, and its kernels by
                      other processes through the on-disk cache (:func:`trainables.torch.common.
                      compiled`)
-    memory_format    ``channels_last`` (the convolutions' fast layout on tensor-core GPUs),
-                     ``contiguous``, or ``auto``: channels_last on a GPU, contiguous on a CPU
+    memory_format    ``channels_last`` (the convolutions' fast layout on tensor-core GPUs,
+                     and on a CPU's oneDNN), ``contiguous``, or ``auto`` (channels_last)
     data_placement   ``device``: the dataset on the trial's device once per process, batches
                      shuffled, cropped and flipped there (:mod:`trainables.torch.device_data`);
                      ``host``: a ``DataLoader`` (``num_workers``, ``pin_memory``); ``auto``
