@@ -51,7 +51,7 @@ SIZES: dict[str, dict[str, Any]] = {
         "data": {"samples": 600, "val_fraction": 0.2},
         "fixed": {"width": 8, "depth": 1},
         "max_epochs": 2,
-        "seconds": 6,
+        "seconds": 10,
         "packings": [1],
         "stock_share": 0.5,
         "solo_batches": [64],
@@ -127,7 +127,8 @@ def run_contender(
     if done.returncode != 0:
         raise RuntimeError(f"{name}: exit {done.returncode}: {done.stderr[-2000:]}")
     n_train = round(SIZES[size]["data"]["samples"] * (1 - SIZES[size]["data"]["val_fraction"]))
-    decisions = [line for line in done.stdout.splitlines() if "gpus_per_trial auto" in line]
+    lines = (done.stdout + done.stderr).splitlines()
+    decisions = [line for line in lines if line.startswith("gpus_per_trial auto")]
     row = {"name": name, "gpus_per_trial": gpus, "asha": asha, "wall_s": round(wall, 1)}
     row.update(study_figures(spec, n_train))
     row.update({"decision": decisions[0] if decisions else None, "meter": metered})
@@ -206,11 +207,11 @@ def stock(size: str, share: float, out: Path) -> dict[str, Any]:
     data = load_shapes(s["data"]["val_fraction"], 0, samples=s["data"]["samples"])
 
     def train_fn(config: dict[str, Any], data: Any) -> None:
-        import torch  # noqa: F401  (before the trainable: the guide's import order)
+        import torch  # before the trainable: the guide's import order
 
         from trainables.torch.resnet import train
 
-        device = "cuda" if ray.get_gpu_ids() else "cpu"
+        device = "cuda" if ray.get_gpu_ids() and torch.cuda.is_available() else "cpu"
         ctx = TrialContext(max_epochs=epochs_max, device=device, num_threads=1)
         for metrics in train({**fixed, **config}, data, ctx):
             tune.report(metrics)
@@ -227,6 +228,16 @@ def stock(size: str, share: float, out: Path) -> dict[str, Any]:
         "hflip": tune.choice([True, False]),
     }
     ray.init(address=os.environ.get("RAY_ADDRESS"), log_to_driver=False)
+    seen: dict[str, list[tuple[float, float]]] = {}  # trial -> (time, epoch_time_s) per epoch
+
+    class Epochs(tune.Callback):
+        """Counts each trial's epochs as Tune receives them (the result files may be off)."""
+
+        def on_trial_result(
+            self, iteration: int, trials: Any, trial: Any, result: Any, **info: Any
+        ) -> None:
+            seen.setdefault(trial.trial_id, []).append((time.time(), float(result["epoch_time_s"])))
+
     start = time.perf_counter()
     tuner = tune.Tuner(
         tune.with_resources(tune.with_parameters(train_fn, data=data), {"cpu": 1, "gpu": share}),
@@ -240,16 +251,18 @@ def stock(size: str, share: float, out: Path) -> dict[str, Any]:
             num_samples=10_000,
             time_budget_s=s["seconds"],
         ),
-        run_config=tune.RunConfig(storage_path=str(out / "stock" / "ray"), verbose=0),
+        run_config=tune.RunConfig(
+            storage_path=str(out / "stock" / "ray"), verbose=0, callbacks=[Epochs()]
+        ),
     )  # fmt: skip
     grid = tuner.fit()
     wall = time.perf_counter() - start
-    rows = [r.metrics_dataframe for r in grid if r.metrics_dataframe is not None]
-    epochs = sum(len(df) for df in rows)
-    end = max((float(df["timestamp"].max()) for df in rows if len(df)), default=0.0)
-    steps = [float(df["epoch_time_s"].median()) for df in rows if len(df)]
+    epochs = sum(len(v) for v in seen.values())
+    end = max((v[-1][0] for v in seen.values()), default=0.0)
+    steps = [e for v in seen.values() for _, e in v]
     margin = statistics.median(steps) if steps else 0.0
-    finished = sum(1 for df in rows if len(df) and float(df["timestamp"].max()) < end - margin)
+    finished = sum(1 for v in seen.values() if v[-1][0] < end - margin)
+    rows = list(grid)
     n_train = round(s["data"]["samples"] * (1 - s["data"]["val_fraction"]))
     return {
         "name": f"stock Ray Tune at {share}",

@@ -12,6 +12,7 @@ import contextlib
 import math
 import os
 import random
+import sys
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -54,6 +55,10 @@ def setup(
     """
     cfg = read_config(config, defaults, choices)
     device = torch.device("cuda" if ctx.device.startswith("cuda") else "cpu")
+    if device.type == "cuda" and not torch.cuda.is_available():  # a logical GPU of Ray's
+        print("the trial holds a GPU of Ray's, but PyTorch sees no CUDA device: training on the "
+              "CPU", file=sys.stderr)  # fmt: skip
+        device = torch.device("cpu")
     check_precision(cfg["precision"], device)
     if device.type == "cuda":
         device = place_on_gpu(ctx)
