@@ -44,9 +44,9 @@ def test_the_dry_run_measures_every_contender_and_attaches_the_profile(tmp_path:
     profile = out / "profile-trial0.json"
     assert json.loads(profile.read_text())["traceEvents"]
     import optuna
-    from optuna.artifacts import get_all_artifact_meta
+
+    from search.record.artifacts import attached
 
     study = optuna.load_study(study_name="gpu-check-auto", storage=f"sqlite:///{out}/optuna.db")
     trial0 = next(t for t in study.trials if t.number == 0)
-    names = [m.filename for m in get_all_artifact_meta(trial0, storage=study._storage)]
-    assert "profile-trial0.json" in names
+    assert "profile-trial0.json" in attached(study)[trial0._trial_id]  # as the dashboard lists
