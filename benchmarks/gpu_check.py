@@ -1,4 +1,17 @@
-"""On a GPU machine: is every GPU busy? ``gpus_per_trial: auto`` on the digits CNN space.
+"""On a GPU machine: is every GPU busy? The ResNet study, and ``gpus_per_trial: auto``.
+
+The default check (``--only resnet``, :mod:`benchmarks.gpu_resnet`) is one command within 8
+minutes of device time, everything under ``--out`` (``results/benchmarks/gpu_check``): the
+solo ceiling of ``torch_resnet`` on the CIFAR-sized shapes data, the study at ``auto``
+against fixed packings of 1, 2, 4, 8 and 16 trials per GPU and against stock Ray Tune with
+a fractional ``gpus_per_trial``, full 10-epoch trials, trials per hour per GPU at 1 and N
+GPUs; each with SM activity from NVML (GPM where the GPU has it, :mod:`benchmarks.gpu_meter`)
+beside ``nvidia-smi``'s utilization, images per second summed over trials, memory per trial,
+and a torch.profiler trace of trial 0 attached to it for optuna-dashboard.
+``--dry-run`` runs the same code on this CPU at a tiny size (one logical GPU), as
+``tests/test_gpu_check.py`` does.
+
+The older checks:
 
 Prints the GPUs found, what ``auto`` decided (the largest config's peak memory, trials packed
 per GPU, memory cap per trial), GPU utilization sampled from ``nvidia-smi`` every half second
@@ -9,8 +22,9 @@ got (its user attribute ``limits``: the share, and the logical GPU TensorFlow wa
 against the share of the GPU's memory it should be. Writes results/benchmarks/gpu_check.json.
 Without a GPU it says so and exits 0.
 
-    python benchmarks/gpu_check.py                       # 32 trials x 9 epochs, then TF
-    python benchmarks/gpu_check.py --trials 64 --epochs 27
+    python benchmarks/gpu_check.py                       # the ResNet study (8 minutes)
+    python benchmarks/gpu_check.py --dry-run             # the same on this CPU, tiny
+    python benchmarks/gpu_check.py --only digits --trials 64 --epochs 27
     python benchmarks/gpu_check.py --only tf --tf-trials 4   # the TensorFlow cap only
 """
 
@@ -18,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import statistics
 import subprocess
@@ -29,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))  # `python benchmarks/gpu_check.py`: the benchmarks package too
 OUT = REPO / "results" / "benchmarks"
 SPACE = REPO / "spaces" / "cnn.yaml"
 TF_SPACE = REPO / "examples" / "keras_fit" / "space.yaml"
@@ -161,40 +177,132 @@ def tf_packed(trials: int, tmp: Path) -> dict[str, Any]:
     return {"share": TF_SHARE, "expected_mb": expected, "capped": capped, "trials": rows}
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--trials", type=int, default=32)
-    parser.add_argument("--epochs", type=int, default=9)
-    parser.add_argument("--tf-trials", type=int, default=4, help="trials of the TF check")
+    parser.add_argument("--dry-run", action="store_true", help="the same code on this CPU, tiny")
+    parser.add_argument("--out", type=Path, default=OUT / "gpu_check", help="the one folder")
+    parser.add_argument("--seconds", type=float, help="seconds of each study (default by size)")
+    parser.add_argument("--trials", type=int, default=32, help="trials of --only digits")
+    parser.add_argument("--epochs", type=int, default=9, help="epochs of --only digits")
+    parser.add_argument("--tf-trials", type=int, default=4, help="trials of --only tf")
     parser.add_argument(
-        "--only", choices=("auto", "tf"), help="run one check: the auto CNN study or the TF cap"
-    )
-    args = parser.parse_args()
-
+        "--only", choices=("resnet", "digits", "tf"), default="resnet",
+        help="resnet (default): the ResNet study; digits: auto on the CNN space; tf: TF's cap",
+    )  # fmt: skip
+    args = parser.parse_args(argv)
     found = gpus()
-    if not found:
+    if not found and not args.dry_run:
         print(
             "no GPU: PyTorch sees no CUDA device on this machine, so there is nothing to "
             "check here (gpus_per_trial: auto runs such studies on CPUs). Run this on a GPU "
-            "machine."
+            "machine, or --dry-run for the same code at a tiny size on this CPU."
         )
         return
-    print(f"GPUs found: {len(found)}")
+    print(f"GPUs found: {len(found)}" + (" (dry run on the CPU)" if args.dry_run else ""))
     for i, name in enumerate(found):
         print(f"  cuda:{i}  {name}")
+    out = args.out
+    out.mkdir(parents=True, exist_ok=True)
+    result: dict[str, Any] = {"gpus": found, "dry_run": args.dry_run, "load": os.getloadavg()}
+    if args.only == "resnet":
+        result["resnet"] = resnet_check(found, out, args.dry_run, args.seconds)
+    else:
+        from search.tuning.runner import init_ray
+
+        tmp = Path(tempfile.mkdtemp(prefix="gpu-check-"))
+        init_ray(None)
+        if args.only == "digits":
+            result.update(auto_study(args.trials, args.epochs, tmp))
+        else:
+            result["tf_packed"] = tf_packed(args.tf_trials, tmp)
+    (out / "gpu_check.json").write_text(json.dumps(result, indent=2, default=str))
+    print(f"wrote {out / 'gpu_check.json'}")
+
+
+def resnet_check(found: list[str], out: Path, dry: bool, seconds: float | None) -> dict[str, Any]:
+    """The ResNet study (:mod:`benchmarks.gpu_resnet`): solo ceiling, auto against fixed
+    packings and stock Ray Tune, full-length trials, and trials per hour per GPU at 1 and N
+    GPUs. The dry run joins one local Ray of a logical GPU; on a GPU every study starts its
+    own, cold, on GPU 0 (all GPUs for the N-GPU row)."""
+    from benchmarks import gpu_resnet
+
+    size = "dry" if dry else "gpu"
+    if seconds:
+        gpu_resnet.SIZES[size]["seconds"] = seconds
+    s = gpu_resnet.SIZES[size]
+    env: dict[str, str] = {"GPU_CHECK_SECONDS": str(s["seconds"])}
+    if found:
+        env["CUDA_VISIBLE_DEVICES"] = "0"
+    if dry:
+        env.update(dry_ray())
+    report: dict[str, Any] = {"size": size, "seconds": s["seconds"]}
+    report["solo"] = gpu_resnet.in_process("solo", size, out, 0.0, env)
+    ceiling = report["solo"]["ceiling_images_per_s"]
+    print(f"solo ceiling: {ceiling:,.0f} images/s ({report['solo']['best']}); {report['solo']}")
+    if dry:
+        report["probe"] = dry_probe(out)
+        print(f"auto's throughput probe on a logical GPU: {report['probe']}")
+    rows = [gpu_resnet.run_contender(size, "auto", out, "auto", env=env)]
+    rows += [
+        gpu_resnet.run_contender(size, f"fixed-{k}", out, round(1.0 / k, 4), env=env)
+        for k in s["packings"]
+    ]
+    rows.append(gpu_resnet.run_contender(size, "auto-full", out, "auto", asha=False, env=env))
+    rows.append(gpu_resnet.in_process("stock", size, out, s["stock_share"], env))
+    if len(found) > 1:
+        all_gpus = {k: v for k, v in env.items() if k != "CUDA_VISIBLE_DEVICES"}
+        rows.append(gpu_resnet.run_contender(size, "auto-all-gpus", out, "auto", env=all_gpus))
+    for row in rows:
+        row["share_of_ceiling"] = round(row["images_per_s"] / ceiling, 3) if ceiling else None
+        row["trials_per_hour_per_gpu"] = row["trials_per_hour"] / (
+            len(found) if row["name"] == "auto-all-gpus" else 1
+        )
+        print(summary(row))
+    report["studies"] = rows
+    return report
+
+
+def summary(row: dict[str, Any]) -> str:
+    """One line of a contender: images/s, share of the ceiling, trials/h, SM activity."""
+    gpus = (row.get("meter") or {}).get("gpus") or {}
+    sm = (
+        ", ".join(
+            f"GPU {i}: SM {g['sm_active_mean']} % ({g['sm_source']}), nvidia-smi "
+            f"{g['smi_util_mean']} %, {g['mib_per_process_median']} MiB per process"
+            for i, g in gpus.items()
+        )
+        or f"no GPU meter ({(row.get('meter') or {}).get('source')})"
+    )
+    return (
+        f"{row['name']:>18}: {row['images_per_s']:>9,.0f} images/s summed "
+        f"({row['share_of_ceiling']} of solo), {row['trials_per_hour']:,.0f} trials/h "
+        f"({row['finished']} finished of {row['trials']}); {sm}"
+        + (f"\n{'':>20}{row['decision']}" if row.get("decision") else "")
+    )
+
+
+def dry_ray() -> dict[str, str]:
+    """A local Ray of 2 CPUs and one logical GPU that every dry-run contender joins."""
+    import ray
 
     from search.tuning.runner import init_ray
 
-    tmp = Path(tempfile.mkdtemp(prefix="gpu-check-"))
-    init_ray(None)
-    result: dict[str, Any] = {"gpus": found}
-    if args.only != "tf":
-        result.update(auto_study(args.trials, args.epochs, tmp))
-    if args.only != "auto":
-        result["tf_packed"] = tf_packed(args.tf_trials, tmp)
-    OUT.mkdir(parents=True, exist_ok=True)
-    (OUT / "gpu_check.json").write_text(json.dumps(result, indent=2))
-    print(f"wrote {OUT / 'gpu_check.json'}")
+    init_ray(None, num_cpus=2, num_gpus=1)
+    return {"RAY_ADDRESS": str(ray.get_runtime_context().gcs_address)}
+
+
+def dry_probe(out: Path) -> dict[int, float]:
+    """``auto``'s throughput measurement of the tiny space's largest config on the logical
+    GPU, 1 and 2 at once (on a GPU, ``auto`` runs it before its study)."""
+    from benchmarks import gpu_resnet
+    from search.compute.data import load_data, share
+    from search.compute.gpu_memory import largest_config
+    from search.compute.gpu_rates import measure_rates
+    from search.specs.schema import parse_spec
+
+    spec = parse_spec(gpu_resnet.spec_dict("dry", "probe", out, "auto"))
+    config = largest_config(spec.space, spec.fixed)
+    return measure_rates(spec, share(load_data(spec.data)), config, fit=2)
 
 
 def auto_study(trials: int, epochs: int, tmp: Path) -> dict[str, Any]:

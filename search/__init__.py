@@ -20,12 +20,14 @@ Why each name is public:
   passes its layout).
 - :func:`load_digits`: the ``digits`` dataset as a trial receives it, for a trainable's unit
   test or a pretext task.
+- :func:`load_shapes`: the ``shapes`` dataset (CIFAR-sized images generated in code) as a
+  trial receives it, for the same.
 
 Importing it loads NumPy, never Ray, Optuna, PyTorch or TensorFlow.
 """
 
 from search.contract.context import ConfigError, ExportFn, Metrics, TrainFn, TrialContext
-from search.contract.dataset import Dataset, load_digits, materialize
+from search.contract.dataset import Dataset, load_digits, load_shapes, materialize
 from search.contract.declare import trainable
 from search.contract.driver import train_to_end
 from search.contract.inputs import write_inputs
@@ -39,6 +41,7 @@ __all__ = [
     "TrialContext",
     "__version__",
     "load_digits",
+    "load_shapes",
     "materialize",
     "train_to_end",
     "trainable",

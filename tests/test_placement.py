@@ -16,6 +16,7 @@ import subprocess
 import sys
 import textwrap
 from collections import Counter
+from dataclasses import replace
 from pathlib import Path
 
 import optuna
@@ -174,6 +175,43 @@ def test_auto_on_gpus_spreads_cpu_bound_trials_over_every_gpu() -> None:
     unmeasured = resolve(res(gpus_per_trial="auto"), {"CPU": 16.0, "GPU": 2.0}, None)
     assert (unmeasured.gpus_per_trial, unmeasured.concurrency) == (1.0, 2)
     assert unmeasured.memory_fraction is None and unmeasured.cpus_per_trial == 8.0
+
+
+# ---- auto by throughput: figures of the kind an H100 gives a small convnet ------------------
+
+SATURATES = {1: 21_000.0, 2: 35_500.0, 4: 37_000.0, 8: 36_100.0}
+"""Summed images/s: two trials fill the GPU, four add little, eight only time-slice it."""
+
+
+def test_the_probe_stops_once_doubling_adds_nothing_and_packs_the_fewest_near_the_most() -> None:
+    from search.compute.throughput import choose, counts_to_try, next_count
+
+    assert counts_to_try(16) == [1, 2, 4, 8, 16] and counts_to_try(3) == [1, 2, 3]
+    measured: dict[int, float] = {}
+    while (k := next_count(measured, fit=16)) is not None:
+        measured[k] = SATURATES[k]
+    assert sorted(measured) == [1, 2, 4]  # 4 gave under 5 % more than 2: 8 and 16 not run
+    assert choose(measured) == 2  # 37,000 at 4 is within 5 % of 35,500 at 2
+    assert choose({1: 900.0, 2: 1_700.0, 4: 3_300.0, 8: 6_000.0}) == 8  # still climbing
+    assert choose({1: 900.0, 2: 0.0}) == 1  # out of memory at 2: no throughput there
+
+
+def test_auto_on_gpus_packs_by_the_measured_rates_on_every_gpu_within_memory() -> None:
+    rates = tuple(SATURATES.items())
+    measured = Measurement(peak_bytes=2 * GIB, total_bytes=80 * GIB, rates=rates)
+    placed = resolve(res(gpus_per_trial="auto"), {"CPU": 64.0, "GPU": 4.0}, measured)
+    assert placed.packing is not None and placed.packing.trials_per_gpu == 2
+    assert (placed.gpus_per_trial, placed.concurrency) == (0.5, 8)  # 2 on each of 4 GPUs
+    assert placed.memory_fraction == memory_fraction(0.5, 80 * GIB)
+    assert "images/s summed" in placed.note and "2: 35,500" in placed.note
+    # memory still bounds it: at 30 GiB a trial, two fit, whatever the rates say
+    big = Measurement(peak_bytes=30 * GIB, total_bytes=80 * GIB, rates=((1, 9e3), (2, 1.7e4)))
+    climbing = resolve(res(gpus_per_trial="auto"), {"CPU": 64.0, "GPU": 1.0}, big)
+    assert climbing.packing is not None and climbing.packing.trials_per_gpu == 2
+    by_memory = resolve(
+        res(gpus_per_trial="auto"), {"CPU": 64.0, "GPU": 4.0}, replace(measured, rates=())
+    )
+    assert by_memory.packing is not None and by_memory.packing.trials_per_gpu == 16
 
 
 def test_fractional_gpus_pack_and_cap_memory() -> None:

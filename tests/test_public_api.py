@@ -37,6 +37,8 @@ SIGNATURES = {
     "mean: 'Any' = None, std: 'Any' = None) -> 'Path'",
     "materialize": "(data: 'Dataset', path: 'str | None' = None) -> 'Dataset'",
     "load_digits": "(val_fraction: 'float', seed: 'int') -> 'Dataset'",
+    "load_shapes": "(val_fraction: 'float', seed: 'int', samples: 'int | None' = None, "
+    "difficulty: 'float | None' = None, image_size: 'int | None' = None) -> 'Dataset'",
 }
 """Every public function, as ``inspect.signature`` prints it."""
 TYPES = {"Metrics", "TrainFn", "ExportFn"}

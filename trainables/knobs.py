@@ -31,6 +31,7 @@ COMMON_DEFAULTS: dict[str, Any] = {
     "precision": "fp32",
     "num_workers": 0,
     "pin_memory": False,
+    "data_placement": "auto",  # PyTorch: the dataset on the trial's device or a host DataLoader
 }
 """Knobs every trainable reads (PyTorch and TensorFlow alike), with their defaults."""
 
@@ -44,6 +45,20 @@ CNN_DEFAULTS: dict[str, Any] = {
     "train_fraction": 1.0,
 }
 """Every knob ``torch_cnn`` and ``tf_cnn`` read, with its default."""
+
+RESNET_DEFAULTS: dict[str, Any] = {
+    **COMMON_DEFAULTS,
+    **AUGMENT_DEFAULTS,
+    "hflip": True,  # every class of the shapes data, and of CIFAR, is mirror-symmetric
+    "crop": 2,  # random translation by up to this many pixels (edges reflected); 0 = off
+    "width": 64,  # channels of the first stage; the later ones are 2x and 4x
+    "depth": 2,  # convolutions per stage: one that pools, then residual ones
+    "label_smoothing": 0.0,
+    "train_fraction": 1.0,
+    "compile": False,  # torch.compile the training step (graphs cached per process and on disk)
+    "memory_format": "auto",  # channels_last (what measured faster on a GPU and a CPU alike)
+}
+"""Every knob ``torch_resnet`` reads, with its default."""
 
 RNN_DEFAULTS: dict[str, Any] = {**COMMON_DEFAULTS, "cell": "gru", "hidden": 64}
 """Every knob ``torch_rnn`` reads, with its default."""
@@ -72,6 +87,8 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "optimizer": ("sgd", "adam", "adamw"),
     "lr_scheduler": ("none", "step", "cosine", "plateau", "cyclic", "onecycle"),
     "precision": ("fp32", "bf16", "fp16"),
+    "data_placement": ("auto", "device", "host"),
+    "memory_format": ("auto", "channels_last", "contiguous"),
 }
 
 PLATEAU_PATIENCE = 2

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from search.contract import UnknownTrainableError
-from search.contract.dataset import image_folder, load_digits
+from search.contract.dataset import image_folder, load_digits, load_shapes
 from search.contract.registry import resolve_function
 from search.errors import SearchError, error_summary
 
@@ -117,6 +117,10 @@ def load_data(spec: DataSpec) -> Any:
         return None
     if spec.name == "image_folder":
         return image_folder(spec.path or "", spec.image_size, spec.val_fraction, spec.split_seed)
+    if spec.name == "shapes":
+        return load_shapes(
+            spec.val_fraction, spec.split_seed, spec.samples, spec.difficulty, spec.image_size
+        )
     return load_digits(spec.val_fraction, spec.split_seed)
 
 

@@ -12,7 +12,10 @@ each process uses, and the memory cap of each trial's process.
 * with GPUs, :func:`search.compute.gpu_memory.measure` runs a few training steps of the largest
   config of the space (largest batch, fp32) on one GPU and reads the peak memory the caching
   allocator reserved;
-  :func:`pack` then decides how many trials fit on one GPU with headroom, and each trial's
+  :func:`pack` then decides how many trials fit on one GPU with headroom;
+  :mod:`search.compute.gpu_rates` measures the images per second summed over 1, 2, 4, ... of
+  them at once on one GPU, and the fewest within a tolerance of the most are packed
+  (:mod:`search.compute.throughput`, :func:`auto_packing`); each trial's
   process is capped at its share (:mod:`search.compute.limits` applies
   ``ctx.gpu_memory_fraction`` for PyTorch and TensorFlow). A packed trial that still runs out
   of memory is retried by Tune with twice the GPU share (:class:`search.tuning.oom.OomRetry`),
@@ -39,6 +42,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
+from search.compute.throughput import choose, decision
 from search.contract.registry import IN_PROCESS, PROCESSES, ParallelMode
 from search.errors import SearchError
 
@@ -196,11 +200,52 @@ class Share:
 
 @dataclass(frozen=True)
 class Measurement:
-    """Peak memory of a few training steps of the largest config, on one GPU."""
+    """Peak memory of a few training steps of the largest config, on one GPU, and the images
+    per second summed over ``count`` such trials at once on it (``rates``: ``(count, rate)``
+    pairs, :mod:`search.compute.gpu_rates`; empty: packed by memory)."""
 
     peak_bytes: int
     total_bytes: int
     device_name: str = ""
+    rates: tuple[tuple[int, float], ...] = ()
+
+
+def per_gpu_cap(resources: ResourcesSpec, cluster: Mapping[str, float]) -> int:
+    """The most trials ``auto`` may put on one GPU: :data:`MAX_TRIALS_PER_GPU`, and no more
+    than the CPUs (or ``max_concurrent``) allow, spread over every GPU.
+
+    Example:
+        >>> from search.specs.schema import ResourcesSpec
+        >>> per_gpu_cap(ResourcesSpec(gpus_per_trial="auto"), {"CPU": 16.0, "GPU": 8.0})
+        2
+    """
+    cpus = max(1.0, float(cluster.get("CPU", 1.0)))
+    gpus = max(1.0, float(cluster.get("GPU", 1.0)))
+    limit = resources.max_concurrent
+    cap = limit or max(1, math.floor(cpus / (resources.cpus_per_trial or 1.0) + 1e-9))
+    return max(1, min(MAX_TRIALS_PER_GPU, math.ceil(cap / gpus)))
+
+
+def auto_packing(
+    resources: ResourcesSpec, cluster: Mapping[str, float], measured: Measurement | None
+) -> tuple[Packing, str]:
+    """How ``auto`` packs one GPU, and why in words: one trial without a measurement; as many
+    as fit in memory (:func:`pack`) without rates; with rates, the count
+    :func:`search.compute.throughput.choose` picks of those that fit."""
+    if measured is None:
+        return Packing(1, 1.0, None), "not measured (a PyTorch trainable is needed)"
+    headroom, cap = resources.memory_headroom, per_gpu_cap(resources, cluster)
+    packing = pack(measured.peak_bytes, measured.total_bytes, headroom, max_per_gpu=cap)
+    why = (
+        f"largest config peaks at {measured.peak_bytes / 2**20:.0f} MiB of "
+        f"{measured.total_bytes / 2**30:.0f} GiB"
+    )
+    if not measured.rates:
+        return packing, why
+    rates, fit = dict(measured.rates), packing.trials_per_gpu
+    chosen = max(1, min(choose(rates), fit))
+    packed = pack(measured.peak_bytes, measured.total_bytes, headroom, max_per_gpu=chosen)
+    return packed, f"{why}; {decision(rates, fit)}"
 
 
 @dataclass(frozen=True)
@@ -294,20 +339,7 @@ def resolve(
         )
     if wanted == "auto":
         cap = limit or max(1, math.floor(cpus / (resources.cpus_per_trial or 1.0) + 1e-9))
-        per_gpu_cap = max(1, min(MAX_TRIALS_PER_GPU, math.ceil(cap / gpus)))
-        if measured is None:
-            packing, why = Packing(1, 1.0, None), "not measured (a PyTorch trainable is needed)"
-        else:
-            packing = pack(
-                measured.peak_bytes,
-                measured.total_bytes,
-                resources.memory_headroom,
-                max_per_gpu=per_gpu_cap,
-            )
-            why = (
-                f"largest config peaks at {measured.peak_bytes / 2**20:.0f} MiB of "
-                f"{measured.total_bytes / 2**30:.0f} GiB"
-            )
+        packing, why = auto_packing(resources, cluster, measured)
         concurrency = max(1, min(cap, packing.trials_per_gpu * math.floor(gpus)))
         cpt = resources.cpus_per_trial or max(1.0, math.floor(cpus / concurrency))
         return Placement(

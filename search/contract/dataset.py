@@ -21,6 +21,8 @@ from pathlib import Path
 
 import numpy as np
 
+from search.contract.shapes import CLASSES, generate
+
 
 @dataclass(frozen=True)
 class Dataset:
@@ -78,6 +80,47 @@ def load_digits(val_fraction: float, seed: int) -> Dataset:
     y = bunch.target.astype(np.int64)
     x_tr, y_tr, x_va, y_va = split(x, y, val_fraction, seed)
     return Dataset(x_tr, y_tr, x_va, y_va, num_classes=10, name="digits")
+
+
+SHAPES_SAMPLES = 12_000
+"""Images of the ``shapes`` dataset when the spec gives no ``samples``."""
+SHAPES_DIFFICULTY = 0.5
+"""Its ``difficulty`` when the spec gives none."""
+
+
+def load_shapes(
+    val_fraction: float,
+    seed: int,
+    samples: int | None = None,
+    difficulty: float | None = None,
+    image_size: int | None = None,
+) -> Dataset:
+    """The ``shapes`` dataset: 10 classes of shapes in RGB images generated in code
+    (:mod:`search.contract.shapes`: CIFAR-sized by default, 32x32x3, pixel values 0..255),
+    split like the digits.
+
+    Example:
+        >>> data = load_shapes(0.2, 0, samples=50, image_size=16)
+        >>> data.input_shape, len(data.y_train), len(data.y_val), data.num_classes
+        ((3, 16, 16), 40, 10, 10)
+    """
+    x, y = generate(
+        samples or SHAPES_SAMPLES,
+        SHAPES_DIFFICULTY if difficulty is None else difficulty,
+        image_size or 32,
+    )
+    x_tr, y_tr, x_va, y_va = split(x, y, val_fraction, seed)
+    return Dataset(
+        x_tr,
+        y_tr,
+        x_va,
+        y_va,
+        len(CLASSES),
+        "shapes",
+        val_fraction=val_fraction,
+        split_seed=seed,
+        image_size=image_size or 32,
+    )
 
 
 # --- image folders ----------------------------------------------------------------------------

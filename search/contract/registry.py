@@ -25,6 +25,7 @@ from search.errors import closest, did_you_mean
 BUILTIN: dict[str, str] = {
     "torch_cnn": "trainables.torch.cnn:train",
     "torch_rnn": "trainables.torch.rnn:train",
+    "torch_resnet": "trainables.torch.resnet:train",
     "torch_transfer": "trainables.torch.transfer:train",
     "tf_cnn": "trainables.tf.cnn:train",
     "tf_transfer": "trainables.tf.transfer:train",
@@ -34,6 +35,7 @@ BUILTIN: dict[str, str] = {
 BUILTIN_KNOBS: dict[str, str] = {
     "torch_cnn": "trainables.knobs:CNN_DEFAULTS",
     "torch_rnn": "trainables.knobs:RNN_DEFAULTS",
+    "torch_resnet": "trainables.knobs:RESNET_DEFAULTS",
     "torch_transfer": "trainables.knobs:TORCH_TRANSFER_DEFAULTS",
     "tf_cnn": "trainables.knobs:CNN_DEFAULTS",
     "tf_transfer": "trainables.knobs:TF_TRANSFER_DEFAULTS",

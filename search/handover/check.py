@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 
 from search.contract import BUILTIN
-from search.contract.dataset import image_folder, load_digits, materialize
+from search.contract.dataset import image_folder, load_digits, load_shapes, materialize
 from search.contract.inputs import (
     DATASET,
     INPUTS_FILE,
@@ -200,6 +200,11 @@ def _dataset_split(folder: Path, config: dict[str, Any] | None) -> tuple[Any, An
     if spec.name == "digits":
         data = load_digits(spec.val_fraction, spec.split_seed)
         return data.x_val, data.y_val, f"the digits' validation split ({len(data.y_val)})"
+    if spec.name == "shapes":
+        data = load_shapes(
+            spec.val_fraction, spec.split_seed, spec.samples, spec.difficulty, spec.image_size
+        )
+        return data.x_val, data.y_val, f"the shapes' validation split ({len(data.y_val)})"
     if not spec.path or not Path(spec.path).is_dir():
         return f"the image folder {spec.path} is not on this machine"
     try:

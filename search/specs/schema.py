@@ -46,7 +46,9 @@ class _Strict(BaseModel):
 class DataSpec(_Strict):
     """Which data to train on and how to split it.
 
-    ``digits`` is scikit-learn's 8x8 handwritten digits (shipped offline). ``image_folder``
+    ``digits`` is scikit-learn's 8x8 handwritten digits (shipped offline). ``shapes`` is 10
+    classes of shapes in RGB images generated in code (32x32 unless ``image_size``; ``samples``
+    images, default 12,000; ``difficulty`` in [0, 1], default 0.5). ``image_folder``
     is a folder with one subfolder of images per class, read inside each trial, so ``path``
     must exist on every node that runs trials. ``loader: package.module:function`` names a
     function of yours that the driver calls once, with ``args`` as keyword arguments; whatever
@@ -57,9 +59,11 @@ class DataSpec(_Strict):
     trainable's default is ``digits``).
     """
 
-    name: Literal["digits", "image_folder", "none"] = "digits"
+    name: Literal["digits", "shapes", "image_folder", "none"] = "digits"
     path: str | None = None
     image_size: int | None = Field(None, ge=8, le=1024)
+    samples: int | None = Field(None, ge=10, le=10_000_000)
+    difficulty: float | None = Field(None, ge=0.0, le=1.0)
     val_fraction: float = Field(0.2, gt=0.0, lt=1.0)
     split_seed: int = 0
     loader: str | None = Field(None, pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$")
@@ -86,6 +90,12 @@ class DataSpec(_Strict):
             raise ValueError("data.path: image_folder needs the folder's path")
         if self.name != "image_folder" and self.path:
             raise ValueError(f"data.path: {self.name} reads no folder; remove path")
+        generated = sorted(self.model_fields_set & {"samples", "difficulty"})
+        if generated and self.name != "shapes":
+            raise ValueError(
+                f"data.{generated[0]}: only the generated shapes dataset takes it "
+                f"(name: shapes), not {self.name}"
+            )
         return self
 
 

@@ -14,6 +14,7 @@ A trial silent for longer than ``faults.stall_s`` is killed as hung (:mod:`searc
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import sys
@@ -22,9 +23,10 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from search.compute.cluster import init_ray, untagged_callbacks
-from search.compute.gpu_memory import measure
+from search.compute.gpu_memory import largest_config, measure
+from search.compute.gpu_rates import measure_rates
 from search.compute.job import trial_job
-from search.compute.placement import Placement, resolve
+from search.compute.placement import Placement, auto_packing, resolve
 from search.contract import RESERVED_PREFIX, declarations
 from search.record.folders import study_folder
 from search.record.queries import EPOCHS_FILE, append_epochs, objective_curves, read_epochs
@@ -252,6 +254,11 @@ def place(spec: StudySpec, data: SharedData) -> Placement:
     measured = None
     if res.gpus_per_trial == "auto" and cluster.get("GPU", 0) > 0:
         measured = measure(spec, data)
+        if measured is not None:  # then by throughput, among the counts that fit
+            fit = auto_packing(res, cluster, measured)[0].trials_per_gpu
+            config = largest_config(spec.space, spec.fixed)
+            rates = measure_rates(spec, data, config, fit, measured.total_bytes)
+            measured = dataclasses.replace(measured, rates=tuple(sorted(rates.items())))
     several = (res.workers_per_trial or 1) > 1 or (
         res.gpus_per_trial != "auto" and res.gpus_per_trial >= 2
     )

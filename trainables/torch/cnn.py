@@ -24,7 +24,8 @@ from torch import nn
 from search import Dataset, Metrics, TrialContext, trainable
 from trainables.knobs import CNN_DEFAULTS
 from trainables.torch.common import setup
-from trainables.torch.data import Standardize, Tensors, load_data
+from trainables.torch.data import Standardize, Tensors
+from trainables.torch.device_data import trial_data
 from trainables.torch.export import make_exporter
 from trainables.torch.loop import Fitted, fit_epochs
 
@@ -67,7 +68,7 @@ def train(
 ) -> Generator[Metrics, None, Fitted]:
     """The ``torch_cnn`` trainable: one metrics dict per epoch (:mod:`trainables.torch.loop`)."""
     cfg, device = setup(config, DEFAULTS, ctx)
-    tensors = load_data(data, ctx, cfg["train_fraction"])
+    tensors = trial_data(data, cfg, ctx, device, cfg["train_fraction"])
     model = build_model(cfg, tensors)
     return (yield from fit_epochs(model, tensors, cfg, ctx, device))
 

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import contextlib
 import math
+import os
 import random
+import sys
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -53,6 +55,10 @@ def setup(
     """
     cfg = read_config(config, defaults, choices)
     device = torch.device("cuda" if ctx.device.startswith("cuda") else "cpu")
+    if device.type == "cuda" and not torch.cuda.is_available():  # a logical GPU of Ray's
+        print("the trial holds a GPU of Ray's, but PyTorch sees no CUDA device: training on the "
+              "CPU", file=sys.stderr)  # fmt: skip
+        device = torch.device("cpu")
     check_precision(cfg["precision"], device)
     if device.type == "cuda":
         device = place_on_gpu(ctx)
@@ -168,6 +174,54 @@ def autocast(precision: str, device: torch.device) -> contextlib.AbstractContext
 def grad_scaler(precision: str, device: torch.device) -> torch.amp.GradScaler:
     """A loss scaler that is active for fp16 only (a pass-through otherwise)."""
     return torch.amp.GradScaler(device.type, enabled=precision == "fp16")
+
+
+def memory_format(cfg: Mapping[str, Any], device: torch.device) -> torch.memory_format:
+    """The layout of the model's weights and the images: the knob ``memory_format``, where
+    ``auto`` is channels_last: the convolutions' fast layout on a GPU's tensor cores, and the
+    faster one measured on a CPU's oneDNN too (``benchmarks/RESULTS.md``, ``resnet_cpu.py``).
+
+    Example:
+        >>> memory_format({"memory_format": "auto"}, torch.device("cpu")) == torch.channels_last
+        True
+    """
+    chosen = cfg.get("memory_format", "auto")
+    if chosen == "auto":
+        chosen = "channels_last"
+    return torch.channels_last if chosen == "channels_last" else torch.contiguous_format
+
+
+COMPILE_CACHE_ENTRIES = 64
+"""Graphs Dynamo keeps per function: one per model shape a reused worker trains (its default
+of 8 would fall back to eager after the eighth shape of a study)."""
+
+
+def compile_cache_dir() -> str:
+    """Where Inductor keeps compiled kernels and graphs across processes: the user's
+    ``TORCHINDUCTOR_CACHE_DIR``, else ``search/torchinductor`` under ``XDG_CACHE_HOME``
+    (``~/.cache``), so the trials of a study, and the next study, compile a shape once."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.environ.get("TORCHINDUCTOR_CACHE_DIR") or os.path.join(
+        base, "search", "torchinductor"
+    )
+
+
+def compiled(model: torch.nn.Module) -> torch.nn.Module:
+    """``torch.compile(model)`` with the on-disk caches on (:func:`compile_cache_dir`).
+
+    Dynamo keys its graphs by the code and the tensors' shapes, not by the module object, so
+    a fresh model of the same shape in the same process (the next trial of a reused worker)
+    runs the graph already compiled; Inductor's FX-graph and AOTAutograd caches on disk serve
+    other processes.
+    """
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", compile_cache_dir())
+    os.environ.setdefault("TORCHINDUCTOR_FX_GRAPH_CACHE", "1")
+    os.environ.setdefault("TORCHINDUCTOR_AUTOGRAD_CACHE", "1")
+    import torch._dynamo
+
+    config = torch._dynamo.config
+    config.cache_size_limit = max(config.cache_size_limit, COMPILE_CACHE_ENTRIES)
+    return torch.compile(model)  # type: ignore[return-value]
 
 
 class EarlyStopping:

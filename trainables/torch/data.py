@@ -36,6 +36,7 @@ class Tensors:
     std: torch.Tensor
     num_classes: int
     scale: float  # the inputs were divided by this (the training split's largest value)
+    cached: bool = False  # found in this process's cache (trainables.torch.device_data)
 
 
 def load_data(data: SearchDataset, ctx: TrialContext, train_fraction: float = 1.0) -> Tensors:
@@ -91,7 +92,8 @@ _GRAY = torch.tensor([0.299, 0.587, 0.114])
 
 
 class Augment:
-    """Random rotation, translation and brightness/contrast jitter (and a mirror), per image.
+    """A random crop, rotation, translation and brightness/contrast jitter (and a mirror), per
+    image.
 
     At ``strength`` 1: rotation up to 15 degrees, translation up to 10 % of the image, fill 0,
     bilinear; brightness and contrast factors in [0.7, 1.3] (the ranges of torchvision's
@@ -103,14 +105,19 @@ class Augment:
     Args:
         strength: Augmentation strength in [0, 1] (0: no affine or colour jitter).
         hflip: Mirror each image left-right with probability 0.5.
+        crop: Translate by up to ``crop`` pixels each way, edges reflected (0: off): the
+            per-image twin of :func:`trainables.torch.device_data.random_crop`.
     """
 
-    def __init__(self, strength: float, hflip: bool = False) -> None:
-        self.strength, self.hflip = float(strength), bool(hflip)
+    def __init__(self, strength: float, hflip: bool = False, crop: int = 0) -> None:
+        self.strength, self.hflip, self.crop = float(strength), bool(hflip), int(crop)
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """Augments one ``(C, H, W)`` image in [0, 1]."""
         s = self.strength
+        if self.crop > 0:
+            down, right = (int(v) for v in torch.randint(-self.crop, self.crop + 1, (2,)))
+            x = crop_one(x, down, right, self.crop)
         if s > 0:
             x = self._affine(x, 15.0 * s, 0.1 * s)
             x = self._jitter(x, 0.3 * s)
@@ -141,12 +148,20 @@ class Augment:
         return ((x - mean) * contrast + mean).clamp(0, 1)
 
 
-def build_augment(strength: float, hflip: bool = False) -> Augment | None:
+def crop_one(x: torch.Tensor, down: int, right: int, pad: int) -> torch.Tensor:
+    """One ``(C, H, W)`` image translated by ``(down, right)`` pixels: the ``H x W`` window at
+    that offset of the image padded by ``pad`` (edges reflected)."""
+    _, h, w = x.shape
+    padded = torch.nn.functional.pad(x[None], (pad, pad, pad, pad), mode="reflect")[0]
+    return padded[:, pad + down : pad + down + h, pad + right : pad + right + w]
+
+
+def build_augment(strength: float, hflip: bool = False, crop: int = 0) -> Augment | None:
     """The per-image training transform (:class:`Augment`), or None when there is nothing
-    to do (``strength`` 0 and ``hflip`` off)."""
-    if strength <= 0 and not hflip:
+    to do (``strength`` 0, ``hflip`` off, no ``crop``)."""
+    if strength <= 0 and not hflip and crop <= 0:
         return None
-    return Augment(strength, hflip)
+    return Augment(strength, hflip, crop)
 
 
 class ImageDataset(Dataset[tuple[torch.Tensor, torch.Tensor]]):
@@ -175,6 +190,7 @@ def train_loader(
     *,
     augment: float = 0.0,
     hflip: bool = False,
+    crop: int = 0,
     num_workers: int = 0,
     pin_memory: bool = False,
     rank: int = 0,
@@ -186,7 +202,7 @@ def train_loader(
     shuffles the same way (a ``DistributedSampler`` seeded with ``seed``; call its
     ``set_epoch`` each epoch) and takes its ``batch_size // world`` share of each batch.
     """
-    dataset = ImageDataset(tensors.x_train, tensors.y_train, build_augment(augment, hflip))
+    dataset = ImageDataset(tensors.x_train, tensors.y_train, build_augment(augment, hflip, crop))
     if world > 1:
         from torch.utils.data.distributed import DistributedSampler
 

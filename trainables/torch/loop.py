@@ -9,12 +9,16 @@ Each epoch yields::
     grad_norm                    largest total gradient norm of the epoch, before clipping
     grad_norm_applied            largest total gradient norm after clipping (what was applied)
     epoch_time_s                 wall time of the epoch (training and validation)
+    train_images_per_s           training images per second of the epoch's training part
+    data_cached                  1 when the trial found its data already loaded in its process
+                                 (:mod:`trainables.torch.device_data`), else 0
 
 The raw losses are reported, so a diverged run shows NaN and the framework stops it.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Generator, Mapping
 from dataclasses import dataclass
@@ -33,11 +37,13 @@ from trainables.torch.common import (
     build_optimizer,
     build_scheduler,
     clip_gradients,
+    compiled,
     grad_norm,
     grad_scaler,
     l1_penalty,
 )
 from trainables.torch.data import Tensors, train_loader
+from trainables.torch.device_data import DeviceBatches, on_device
 
 
 @dataclass
@@ -77,11 +83,15 @@ def _reduce_device() -> torch.device:
     return torch.device("cpu")
 
 
-def train_one_epoch(fit: Fitting, loader: DataLoader, max_steps: int | None = None) -> Metrics:
+def train_one_epoch(
+    fit: Fitting, loader: DataLoader | DeviceBatches, max_steps: int | None = None
+) -> Metrics:
     """One pass over ``loader`` (at most ``max_steps`` batches); returns train_loss,
-    train_accuracy and gradient norms (over every process of a data-parallel trial)."""
+    train_accuracy and gradient norms (over every process of a data-parallel trial), and
+    the images it trained on (``images``, this process's)."""
     fit.model.train()
     cfg, dev = fit.cfg, fit.device
+    smoothing = float(cfg.get("label_smoothing", 0.0))
     zero = torch.zeros((), device=dev)
     loss_sum, correct, norm_max, applied_max, seen = zero, zero, zero, zero, 0
     for step, (xb, yb) in enumerate(loader):
@@ -90,7 +100,7 @@ def train_one_epoch(fit: Fitting, loader: DataLoader, max_steps: int | None = No
         xb, yb = xb.to(dev, non_blocking=True), yb.to(dev, non_blocking=True)
         with autocast(cfg["precision"], dev):
             logits = fit.model(xb)
-            loss = F.cross_entropy(logits.float(), yb)
+            loss = F.cross_entropy(logits.float(), yb, label_smoothing=smoothing)
         total = loss + cfg["l1"] * l1_penalty(fit.params) if cfg["l1"] > 0 else loss
         fit.optimizer.zero_grad(set_to_none=True)
         fit.scaler.scale(total).backward()
@@ -115,12 +125,14 @@ def train_one_epoch(fit: Fitting, loader: DataLoader, max_steps: int | None = No
             "train_accuracy": correct_total / seen_total,
             "grad_norm": norm_top,
             "grad_norm_applied": applied_top,
+            "images": float(seen),
         }
     return {
         "train_loss": loss_sum.item() / seen,
         "train_accuracy": correct.item() / seen,
         "grad_norm": norm_max.item(),
         "grad_norm_applied": applied_max.item(),
+        "images": float(seen),
     }
 
 
@@ -190,7 +202,9 @@ def evaluate_shard(
 
 
 def _unwrapped(model: torch.nn.Module) -> torch.nn.Module:
-    """The model inside a ``DistributedDataParallel`` wrapper (checkpoints hold it bare)."""
+    """The model inside a ``torch.compile`` or ``DistributedDataParallel`` wrapper
+    (checkpoints hold it bare)."""
+    model = getattr(model, "_orig_mod", model)  # torch.compile's OptimizedModule
     ddp = torch.nn.parallel.DistributedDataParallel
     return model.module if isinstance(model, ddp) else model
 
@@ -262,6 +276,42 @@ def model_costs(model: torch.nn.Module, example: torch.Tensor, device: torch.dev
     }
 
 
+def batches(
+    tensors: Tensors, cfg: Mapping[str, Any], ctx: TrialContext, device: torch.device
+) -> DataLoader | DeviceBatches:
+    """The trial's training batches: drawn from the dataset on ``device``
+    (:class:`~trainables.torch.device_data.DeviceBatches`, where
+    :func:`~trainables.torch.device_data.on_device` says so), else a host ``DataLoader``
+    with ``num_workers`` and ``pin_memory`` (:func:`~trainables.torch.data.train_loader`)."""
+    crop, hflip = int(cfg.get("crop", 0)), bool(cfg.get("hflip", False))
+    if on_device(cfg, device):
+        if tensors.x_train.device != device:  # a trainable that left them on the host
+            tensors = dataclasses.replace(
+                tensors, x_train=tensors.x_train.to(device), y_train=tensors.y_train.to(device)
+            )
+        return DeviceBatches(
+            tensors,
+            cfg["batch_size"],
+            ctx.seed,
+            crop=crop,
+            hflip=hflip,
+            rank=ctx.rank,
+            world=ctx.world_size,
+        )
+    return train_loader(
+        tensors,
+        cfg["batch_size"],
+        ctx.seed,
+        augment=cfg.get("augment", 0.0),
+        hflip=hflip,
+        crop=crop,
+        num_workers=cfg["num_workers"],
+        pin_memory=cfg["pin_memory"] and device.type == "cuda",
+        rank=ctx.rank,
+        world=ctx.world_size,
+    )
+
+
 def step_scheduler(fit: Fitting, val_loss: float) -> None:
     """Steps an epoch-wise schedule at the end of an epoch (``plateau`` on ``val_loss``)."""
     if fit.when == "epoch":
@@ -294,17 +344,7 @@ def fit_epochs(
         ``(model, tensors)`` after the last epoch (:data:`Fitted`), for an export hook.
     """
     rank, world = ctx.rank, ctx.world_size
-    loader = train_loader(
-        tensors,
-        cfg["batch_size"],
-        ctx.seed,
-        augment=cfg.get("augment", 0.0),
-        hflip=cfg.get("hflip", False),
-        num_workers=cfg["num_workers"],
-        pin_memory=cfg["pin_memory"] and device.type == "cuda",
-        rank=rank,
-        world=world,
-    )
+    loader = batches(tensors, cfg, ctx, device)
     fit = make_fitting(model, cfg, ctx, device, len(loader))
     stopper = EarlyStopping(cfg["early_stopping_patience"], cfg["early_stopping_min_delta"])
     first = 1 if ctx.restore_dir is None else load_state(fit, stopper, ctx.restore_dir) + 1
@@ -312,6 +352,8 @@ def fit_epochs(
         fit.model = torch.nn.parallel.DistributedDataParallel(
             model, device_ids=[device.index] if device.type == "cuda" else None
         )
+    if cfg.get("compile"):  # the training step; evaluation stays eager (one more graph each)
+        fit.model = compiled(fit.model)
     x_val, y_val = tensors.x_val.to(device), tensors.y_val.to(device)
     max_steps = ctx.max_steps
     profiler = EpochProfiler(ctx, device)
@@ -319,9 +361,11 @@ def fit_epochs(
     try:
         for epoch in range(first, ctx.max_epochs + 1):
             start, lr = time.perf_counter(), fit.optimizer.param_groups[0]["lr"]
-            if hasattr(loader.sampler, "set_epoch"):  # the same shuffle on every rank
-                loader.sampler.set_epoch(epoch)
+            sampler = loader if isinstance(loader, DeviceBatches) else loader.sampler
+            if hasattr(sampler, "set_epoch"):  # the same shuffle on every rank, and on a retry
+                sampler.set_epoch(epoch)
             metrics = train_one_epoch(fit, loader, max_steps)
+            images_per_s = metrics.pop("images") / max(time.perf_counter() - start, 1e-9)
             val_loss, val_accuracy = evaluate_shard(
                 model, x_val, y_val, cfg["precision"], device, rank, world
             )
@@ -338,6 +382,8 @@ def fit_epochs(
                 "val_accuracy": val_accuracy,
                 "lr": lr,
                 "epoch_time_s": time.perf_counter() - start,
+                "train_images_per_s": images_per_s,
+                "data_cached": float(tensors.cached),
             }
             if stop:
                 break

@@ -30,7 +30,7 @@ from torch import nn
 from search import Dataset, Metrics, TrialContext, trainable
 from trainables.knobs import RNN_DEFAULTS
 from trainables.torch.common import setup
-from trainables.torch.data import load_data
+from trainables.torch.device_data import trial_data
 from trainables.torch.export import make_exporter
 from trainables.torch.loop import Fitted, fit_epochs
 
@@ -81,7 +81,7 @@ def train(
 ) -> Generator[Metrics, None, Fitted]:
     """The ``torch_rnn`` trainable: one metrics dict per epoch (:mod:`trainables.torch.loop`)."""
     cfg, device = setup(config, DEFAULTS, ctx, CELL_CHOICES)
-    tensors = load_data(data, ctx)
+    tensors = trial_data(data, cfg, ctx, device)
     channels, _, width = tensors.x_train.shape[1:]
     model = RowReader(
         cfg["cell"],

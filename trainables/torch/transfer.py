@@ -41,7 +41,8 @@ from torch import nn
 from search import Dataset, Metrics, TrialContext, load_digits, trainable
 from trainables.knobs import TORCH_TRANSFER_DEFAULTS
 from trainables.torch.common import read_config, setup
-from trainables.torch.data import Standardize, Tensors, load_data, to_tensors
+from trainables.torch.data import Standardize, Tensors, to_tensors
+from trainables.torch.device_data import trial_data
 from trainables.torch.export import make_exporter
 from trainables.torch.loop import Fitted, fit_epochs
 
@@ -146,7 +147,7 @@ def train(
 ) -> Generator[Metrics, None, Fitted]:
     """The ``torch_transfer`` trainable: one metrics dict per epoch (``trainables.torch.loop``)."""
     cfg, device = setup(config, DEFAULTS, ctx, BACKBONES)
-    tensors = load_data(data, ctx)
+    tensors = trial_data(data, cfg, ctx, device)
     model = build_model(cfg, tensors)
     return (yield from fit_epochs(model, tensors, cfg, ctx, device))
 
