@@ -22,7 +22,7 @@ from search.specs.derive import incompatible_change
 from search.specs.schema import parse_spec
 from search.tuning.bridge import OptunaBridge
 from search.tuning.runner import RunOptions, run_study
-from search.tuning.stall import FLOOR_S, GRACE_S, MULTIPLE, EpochTimes, StallWatch, stall_limit
+from search.tuning.stall import FLOOR_S, MULTIPLE, EpochTimes, StallWatch, stall_limit
 from search.tuning.stopping import RunStopper
 from tests.helpers import base_spec, deadline_after_first_epoch
 

@@ -41,6 +41,7 @@ from ray.tune.stopper import CombinedStopper, Stopper
 
 from search.errors import closest
 from search.record.outage import StorageOutageError
+from search.tuning.bridge import TAKEN
 from search.tuning.budget import BUDGET_CAUSE, DeviceBudget, budget_for, spent_before
 from search.tuning.fate import DISK_FULL, INTERRUPT, TERMINATED
 from search.tuning.faults import DiskFault
@@ -358,8 +359,6 @@ class StopLedger:
         A signal is acted on here, in the loop, not in its handler
         (:mod:`search.tuning.signals`); a lease found taken cuts the run
         (:data:`search.tuning.bridge.TAKEN`)."""
-        from search.tuning.bridge import TAKEN
-
         signalled = self.termination.act()
         taken = None if self.wired.bridge.holds(read=False) else TAKEN
         return self.verdict() or self.disk.verdict or taken or signalled
