@@ -51,7 +51,8 @@ SIZES: dict[str, dict[str, Any]] = {
         "data": {"samples": 600, "val_fraction": 0.2},
         "fixed": {"width": 8, "depth": 1},
         "max_epochs": 2,
-        "seconds": 10,
+        "seconds": 300,  # a ceiling: the dry run ends after its trials, however slow the hour
+        "trials": 2,
         "packings": [1],
         "stock_share": 0.5,
         "solo_batches": [64],
@@ -67,7 +68,11 @@ def spec_dict(size: str, name: str, out: Path, gpus: Any, asha: bool = True) -> 
     spec["study"] = f"gpu-check-{name}"
     spec["storage"] = f"sqlite:///{out}/optuna.db"
     spec["data"] = {**spec["data"], **s["data"]}
-    spec["budget"] = {"trials": 10_000, "max_epochs": s["max_epochs"], "time_limit_s": s["seconds"]}
+    spec["budget"] = {
+        "trials": s.get("trials", 10_000),
+        "max_epochs": s["max_epochs"],
+        "time_limit_s": s["seconds"],
+    }
     spec["asha"] = {**spec["asha"], "enabled": asha}
     spec["resources"] = {"gpus_per_trial": gpus, "cpus_per_trial": 1}
     spec["fixed"] = {**spec["fixed"], **s["fixed"]}
@@ -79,12 +84,15 @@ def spec_dict(size: str, name: str, out: Path, gpus: Any, asha: bool = True) -> 
     return spec
 
 
-def study_figures(spec: dict[str, Any], n_train: int) -> dict[str, Any]:
-    """What the study recorded: trials, finished ones, epochs, images/s, trials per hour."""
+def study_figures(spec: dict[str, Any], n_train: int, wall: float) -> dict[str, Any]:
+    """What the study recorded: trials, finished ones, epochs, images/s, trials per hour.
+
+    Rates are over the study's time: its time limit, or ``wall`` where its trials ran out
+    first (the dry run's)."""
     from search.record.study import load_study
 
     trials = load_study(spec["study"], spec["storage"]).trials
-    seconds = float(spec["budget"]["time_limit_s"])
+    seconds = min(float(spec["budget"]["time_limit_s"]), wall)
     cut = [t for t in trials if t.user_attrs.get("stopped_by")]
     finished = [t for t in trials if t.state.name in ("COMPLETE", "PRUNED") and t not in cut]
     epochs = sum(int(t.user_attrs.get("epochs", 0)) for t in trials)
@@ -130,7 +138,7 @@ def run_contender(
     lines = (done.stdout + done.stderr).splitlines()
     decisions = [line for line in lines if line.startswith("gpus_per_trial auto")]
     row = {"name": name, "gpus_per_trial": gpus, "asha": asha, "wall_s": round(wall, 1)}
-    row.update(study_figures(spec, n_train))
+    row.update(study_figures(spec, n_train, wall))
     row.update({"decision": decisions[0] if decisions else None, "meter": metered})
     if name == "auto":
         row["profile"] = attach_profile(spec, folder / "results", out)
@@ -248,7 +256,7 @@ def stock(size: str, share: float, out: Path) -> dict[str, Any]:
                 metric="val_accuracy", mode="max", max_t=epochs_max, grace_period=1,
                 reduction_factor=3,
             ),
-            num_samples=10_000,
+            num_samples=s.get("trials", 10_000),
             time_budget_s=s["seconds"],
         ),
         run_config=tune.RunConfig(
@@ -271,8 +279,8 @@ def stock(size: str, share: float, out: Path) -> dict[str, Any]:
         "trials": len(rows),
         "finished": finished,
         "epochs": epochs,
-        "images_per_s": round(epochs * n_train / s["seconds"], 1),
-        "trials_per_hour": round(finished / s["seconds"] * 3600, 1),
+        "images_per_s": round(epochs * n_train / min(s["seconds"], wall), 1),
+        "trials_per_hour": round(finished / min(s["seconds"], wall) * 3600, 1),
     }
 
 

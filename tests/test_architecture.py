@@ -16,6 +16,7 @@ from the scheduler that decides.
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
@@ -252,3 +253,42 @@ def test_only_the_package_root_lists_public_names() -> None:
             if any(isinstance(t, ast.Name) and t.id == "__all__" for t in targets):
                 listing.append(package)
     assert listing == []
+
+
+PAGE = ROOT.parent / "docs" / "architecture.md"
+
+
+def commands() -> list[str]:
+    """The names of the commands ``search/cli.py`` registers (``@app.command(...)``)."""
+    names = []
+    for node in ast.walk(ast.parse((ROOT / "cli.py").read_text())):
+        for deco in getattr(node, "decorator_list", []):
+            call = deco if isinstance(deco, ast.Call) else None
+            func = call.func if call else deco
+            if isinstance(func, ast.Attribute) and func.attr == "command":
+                args = call.args if call else []
+                named = [a.value for a in args if isinstance(a, ast.Constant)]
+                names.append(named[0] if named else node.name)  # type: ignore[attr-defined]
+    return names
+
+
+def tree_block() -> str:
+    """The page's file tree: its first ``text`` block."""
+    return PAGE.read_text().split("```text", 1)[1].split("```", 1)[0]
+
+
+def test_the_architecture_page_names_every_module_and_every_command() -> None:
+    """The page a newcomer reads first tells the tree as it is: a module added or a command
+    added without its line on the page fails here."""
+    words = set(re.findall(r"[a-z_0-9]+", tree_block()))
+    modules = {p.stem for p in ROOT.rglob("*.py") if p.stem != "__init__"}
+    assert sorted(modules - words) == []
+    names = commands()
+    line = next(x for x in tree_block().splitlines() if x.strip().startswith("cli.py"))
+    assert f"the {len(names)} commands" in line
+    assert sorted(n for n in names if n not in words) == []
+
+
+def test_the_command_reader_finds_a_named_and_a_plain_command() -> None:
+    assert {"run", "trials", "register", "check"} <= set(commands())
+    assert "trials_cmd" not in commands()

@@ -38,12 +38,18 @@ from search.record.processes import watch_over
 # with threshold 0 it globs twice a second at most. It only forwards worker output to drivers,
 # which ours turn off (log_to_driver=False), so later news of a new log file costs nothing.
 _RAY_ENV = {
+    "PL_DISABLE_FORK": "1",  # what Tune gives every trial actor (ray/tune/execution/class_cache)
     "TUNE_DISABLE_AUTO_CALLBACK_LOGGERS": "1",
     "RAY_CHDIR_TO_TRIAL_DIR": "0",
     "RAY_AIR_NEW_OUTPUT": "0",
     "RAY_LOG_MONITOR_MANY_FILES_THRESHOLD": "0",
 }
 
+
+LOCAL_ENV: dict[str, str] = {}
+"""The environment the local Ray this process started inherited (empty when it joined a
+cluster): every worker of that Ray has it, so a ``runtime_env`` that only repeats it is
+redundant (:func:`search.tuning.actors.inherited_env`)."""
 
 NO_PRESTART = {"enable_worker_prestart": False, "prestart_worker_first_driver": False}
 """Ray's settings for no idle workers started ahead of demand: trials run in actors, which
@@ -203,6 +209,13 @@ def _start(address: str | None, num_cpus: int | None, num_gpus: int | None) -> N
     """``ray.init`` with this project's settings (:func:`init_ray`)."""
     import ray
 
+    local = address in (None, "local")
+    # A local Ray's raylet, and so every worker, inherits this process's environment: it
+    # needs no runtime_env, which costs each worker a round trip through Ray's runtime-env
+    # agent. A cluster's workers get the settings through one.
+    LOCAL_ENV.clear()
+    if local:
+        LOCAL_ENV.update(os.environ)
     ray.init(
         # "local": a fresh Ray of this run's own, even when `ray start` left one on this
         # machine (a cluster is joined only when the spec or --address names it).
@@ -212,7 +225,7 @@ def _start(address: str | None, num_cpus: int | None, num_gpus: int | None) -> N
         include_dashboard=False,
         logging_level=logging.WARNING,
         log_to_driver=False,
-        runtime_env={"env_vars": dict(_RAY_ENV)},
+        runtime_env=None if local else {"env_vars": dict(_RAY_ENV)},
         # Ray starts one idle Python worker per CPU for tasks, but Tune runs every trial in an
         # actor, and actors never take those workers: on a small machine they cost CPU
         # while the first trials start, on a 64-CPU node 64 processes that do nothing.

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from search.compute.placement import Share, one_process
-from search.contract import TrialContext
+from search.contract import HANDED, TrialContext
 
 if TYPE_CHECKING:
     from search.compute.placement import Placement
@@ -36,6 +36,8 @@ class TrialJob:
         data_path: The folder of an ``image_folder`` dataset (``ctx.data_path``).
         profile: Whether trial number ``profile_trial`` profiles itself (the spec's ``profile``).
         profile_trial: The trial that profiles itself, when ``profile``.
+        handed: The functions handed over from Python in the driver (a notebook's trainable,
+            by name: :func:`search.contract.registry.hand_over`), shipped with the job.
     """
 
     trainable: str
@@ -50,6 +52,7 @@ class TrialJob:
     data_path: str | None = None
     profile: bool = False
     profile_trial: int = 0
+    handed: tuple[tuple[str, Any], ...] = ()
 
     @property
     def required(self) -> tuple[str, ...]:
@@ -76,6 +79,7 @@ def trial_job(spec: StudySpec, data: Any, placement: Placement | None = None) ->
         data_path=getattr(data, "path", None),
         profile=tuned and bool(spec.profile),
         profile_trial=int(spec.profile_trial or 0),
+        handed=tuple(HANDED.items()),
     )
 
 

@@ -31,9 +31,12 @@ from search.contract.inputs import write_inputs  # noqa: F401
 from search.contract.registry import (  # noqa: F401
     BUILTIN,
     BUILTIN_KNOBS,
+    HANDED,
     Declarations,
     UnknownTrainableError,
     check_trainable,
     declarations,
     declared_defaults,
+    hand_over,
+    receive,
 )

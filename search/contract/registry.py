@@ -1,7 +1,11 @@
 """Finding a trainable and reading what it declares, in one place.
 
 A spec names a trainable by a built-in name (:data:`BUILTIN`, imported only when used, so a
-PyTorch run never imports TensorFlow) or as ``package.module:function``. What the function
+PyTorch run never imports TensorFlow) or as ``package.module:function``. A function handed
+over from Python (``search.run(trainable=fn)``, one defined in a notebook cell or a script's
+``__main__``) is named the same way, ``module:function`` (:func:`hand_over`), and found in
+this process's :data:`HANDED` before any import; its trials receive it with their job
+(:func:`receive`), pickled by value where its module cannot be imported. What the function
 declares beside itself (defaults, data-parallel mode, export hook) comes from the
 :func:`~search.contract.declare.trainable` decorator. :func:`declarations` reads it; nothing
 else in the framework imports a trainable.
@@ -14,6 +18,7 @@ import importlib
 import importlib.util
 import inspect
 import pkgutil
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final, Literal
@@ -55,6 +60,52 @@ class UnknownTrainableError(ValueError):
     """The spec names a trainable that is neither built in nor importable."""
 
 
+HANDED: dict[str, Any] = {}
+"""Functions handed over from Python in this process, by the name the spec gives them."""
+
+
+def hand_over(fn: Any) -> str:
+    """Registers ``fn`` (a trainable, a data loader) under ``module:function`` and returns
+    that name, for a spec to name it; a function of a module that cannot be imported (a
+    notebook's cell, a script's ``__main__``) is found here, and its trials receive it.
+
+    Example:
+        >>> def train(config, ctx):
+        ...     yield {"loss": 1.0}
+        >>> name = hand_over(train)
+        >>> name, declarations(name).train is train
+        ('search.contract.registry:train', True)
+    """
+    if not callable(fn):
+        raise UnknownTrainableError(f"expected a function, got {type(fn).__name__}")
+    qualname = re.sub(r"\W", "_", getattr(fn, "__qualname__", type(fn).__name__))
+    name = f"{getattr(fn, '__module__', None) or '__main__'}:{qualname}"
+    receive({name: fn})
+    return name
+
+
+def only_there(name: str, what: str) -> str:
+    """The line for a ``__main__:function`` this process was not handed.
+
+    Example:
+        >>> only_there("__main__:train", "trainable")[:60]
+        "trainable '__main__:train' was defined in a notebook or a sc"
+    """
+    return (
+        f"{what} {name!r} was defined in a notebook or a script: only the Python process "
+        "that defined it knows it; there, pass the function itself "
+        "(search.run(..., trainable=fn) or search.load(..., trainable=fn))"
+    )
+
+
+def receive(handed: Mapping[str, Any]) -> None:
+    """Takes functions handed over elsewhere (a trial's job carries the driver's
+    :data:`HANDED`); a name that now means another function forgets what it declared."""
+    if any(HANDED.get(k) is not v for k, v in handed.items()):
+        HANDED.update(handed)
+        declarations.cache_clear()
+
+
 def target(name: str) -> tuple[str, str]:
     """``(module, function)`` that ``name`` designates, without importing anything.
 
@@ -82,7 +133,11 @@ def check_trainable(name: str) -> None:
         UnknownTrainableError: When ``name`` is not built in and not an importable
             ``module:function`` path.
     """
+    if name in HANDED:
+        return
     module, _ = target(name)
+    if module == "__main__":
+        raise UnknownTrainableError(only_there(name, "trainable"))
     try:
         found = importlib.util.find_spec(module)
     except (ImportError, ValueError):
@@ -135,9 +190,13 @@ def resolve_function(name: str, what: str = "function") -> Any:
         >>> resolve_function("search.testing:curve").__name__
         'curve'
     """
+    if name in HANDED:
+        return HANDED[name]
     module_name, sep, func_name = name.partition(":")
     if not sep or not module_name or not func_name.isidentifier():
         raise UnknownTrainableError(f"{what} {name!r}: expected 'package.module:function'")
+    if module_name == "__main__":
+        raise UnknownTrainableError(only_there(name, what))
     try:
         module = importlib.import_module(module_name)
     except ImportError as exc:

@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from search.compute.cluster import init_ray
+from search.contract import HANDED, receive
 from search.contract.driver import NOT_RETRIED
 from search.errors import one_line
 from search.handover.candidates import Candidate, resolved_config
@@ -129,13 +130,20 @@ class Row:
 
 
 def _confirm_task(
-    spec_data: dict[str, Any], params: dict[str, Any], seed: int, number: int, data: Dataset
+    spec_data: dict[str, Any],
+    params: dict[str, Any],
+    seed: int,
+    number: int,
+    data: Dataset,
+    handed: dict[str, Any],
 ) -> ConfirmRun:
-    """Runs in a Ray worker: one candidate, one seed, every epoch of the budget."""
+    """Runs in a Ray worker: one candidate, one seed, every epoch of the budget; ``handed``:
+    the driver's functions handed over from Python (a notebook's trainable)."""
     import socket
 
     import ray
 
+    receive(handed)
     spec = parse_spec(spec_data)
     gpu_ids = ray.get_gpu_ids()
     run = ConfirmRun(
@@ -244,6 +252,7 @@ def run_confirmation(
         name="search-confirm",
     )
     data_ref = ray.put(data)
+    handed = ray.put(dict(HANDED))
     spec_data = redacted_spec(spec.to_dict())  # tasks never need the URLs' passwords
     export_run = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
     by_number = {c.number: c for c in cands}
@@ -257,7 +266,8 @@ def run_confirmation(
         while queue and len(pending) < limit:  # resources.max_concurrent holds here too
             c, seed = queue.pop(0)
             config = resolved_config(spec, c.params)
-            pending[task.remote(spec_data, config, seed, c.number, data_ref)] = (c.number, seed)
+            ref = task.remote(spec_data, config, seed, c.number, data_ref, handed)
+            pending[ref] = (c.number, seed)
         ready, _ = ray.wait(list(pending), num_returns=1)
         number, seed = pending.pop(ready[0])
         run = _result(ready[0], number, seed)

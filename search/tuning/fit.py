@@ -35,6 +35,7 @@ from search.record.sampling.samplers import configure
 from search.record.warm import pending_start
 from search.record.writeback import WriteBehindStorage
 from search.specs.derive import asha_milestones
+from search.tuning.actors import inherited_env
 from search.tuning.bridge import ErrorCallback, OptunaBridge, Outcome
 from search.tuning.fate import NUMBER
 from search.tuning.faults import DiskFault
@@ -102,7 +103,7 @@ def fit(
     stopper = ledger.stopper
     tuner = _tuner(spec, options, bridge, placement, data, stopper, budget, watchers, progress)
     places = [str(options.results_dir), spec.storage]  # where a full disk may be
-    with ledger.settling(storage, progress, places), untagged_callbacks():
+    with ledger.settling(storage, progress, places), untagged_callbacks(), inherited_env():
         tuner.fit()
     return dict(bridge.finished.values()), ledger.verdict(), ledger.device_hours()
 

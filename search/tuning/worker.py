@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any
 from search.compute.distributed import data_parallel
 from search.compute.job import TrialJob, trial_context
 from search.compute.limits import apply_limits
-from search.contract import RESERVED_PREFIX, TrialContext, declarations, drive
+from search.contract import RESERVED_PREFIX, TrialContext, declarations, drive, receive
 from search.contract.driver import NOT_RETRIED
 from search.contract.named import code_names
 from search.contract.reads import ReadConfig
@@ -233,6 +233,7 @@ def run_trial(config: dict[str, Any], job: TrialJob, data: Dataset) -> None:
     the process, should it die: :func:`~search.tuning.death.exit_noted`). A declared trainable's
     ``@trainable(defaults=...)`` fill the knobs the trial's config lacks, as they do in an
     exported config (:func:`search.handover.candidates.resolved_config`)."""
+    receive(dict(job.handed))  # a notebook's trainable comes with the job
     found = declarations(job.trainable)  # imports its module (and its framework)
     config = {**(found.defaults or {}), **config}
     device, node = _placement()
