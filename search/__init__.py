@@ -22,8 +22,16 @@ Why each name is public:
   test or a pretext task.
 - :func:`load_shapes`: the ``shapes`` dataset (CIFAR-sized images generated in code) as a
   trial receives it, for the same.
+- :func:`run`: a search from Python (a notebook, a script): the spec as a path, YAML text or
+  a dict, the trainable as a function; returns a :class:`SearchResult`.
+- :func:`load`: the :class:`SearchResult` of a study that exists, read live.
+- :class:`SearchResult`: a study's best config and value, trials and curves as DataFrames,
+  and ``export``, ``report``, ``register`` as the commands do them.
+- :class:`SpecError`, :class:`SearchError`: what ``run`` and ``load`` raise on a bad spec
+  (one line naming the field) and on anything else the commands refuse in one line.
 
-Importing it loads NumPy, never Ray, Optuna, PyTorch or TensorFlow.
+Importing it loads NumPy, never Ray, Optuna, PyTorch or TensorFlow: ``run``, ``load`` and
+``SearchResult`` import their modules when first named.
 """
 
 from search.contract.context import ConfigError, ExportFn, Metrics, TrainFn, TrialContext
@@ -31,18 +39,24 @@ from search.contract.dataset import Dataset, load_digits, load_shapes, materiali
 from search.contract.declare import trainable
 from search.contract.driver import train_to_end
 from search.contract.inputs import write_inputs
+from search.errors import SearchError, SpecError
 
 __all__ = [
     "ConfigError",
     "Dataset",
     "ExportFn",
     "Metrics",
+    "SearchError",
+    "SearchResult",  # noqa: F822 (imported when first named: __getattr__)
+    "SpecError",
     "TrainFn",
     "TrialContext",
     "__version__",
+    "load",  # noqa: F822 (imported when first named: __getattr__)
     "load_digits",
     "load_shapes",
     "materialize",
+    "run",  # noqa: F822 (imported when first named: __getattr__)
     "train_to_end",
     "trainable",
     "write_inputs",
@@ -54,11 +68,17 @@ _ADAPTERS = ("hf", "keras", "lightning")
 ``search.lightning.fit(...)`` works, and ``import search`` loads none of their frameworks."""
 
 
-def __getattr__(name: str) -> object:
-    """Imports :mod:`search.keras`, :mod:`search.lightning` or :mod:`search.hf` when first
-    named (PEP 562)."""
-    if name in _ADAPTERS:
-        import importlib
+_LAZY = {"run": "search.api", "load": "search.result", "SearchResult": "search.result"}
+"""The Python door's names, by module: each imports Optuna (and ``run`` Ray Tune) when named."""
 
+
+def __getattr__(name: str) -> object:
+    """Imports :mod:`search.keras`, :mod:`search.lightning` or :mod:`search.hf`, or the
+    module of ``run``, ``load`` or ``SearchResult``, when first named (PEP 562)."""
+    import importlib
+
+    if name in _ADAPTERS:
         return importlib.import_module(f"search.{name}")
+    if name in _LAZY:
+        return getattr(importlib.import_module(_LAZY[name]), name)
     raise AttributeError(f"module 'search' has no attribute {name!r}")

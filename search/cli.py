@@ -20,16 +20,13 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, NoReturn, TypeVar
+from typing import Annotated, Any, NoReturn, TypeVar
 
 import typer
 
 from search.errors import SearchError, disk_full, one_line
 from search.specs.schema import DEFAULT_STORAGE
 from search.tuning import terminal
-
-if TYPE_CHECKING:
-    import optuna
 
 app = typer.Typer(
     add_completion=False,
@@ -155,9 +152,8 @@ def run(
     # Ray Tune comes with the runner (over a second to import): after the checks, so a spec
     # they refuse costs none of it.
     from search.record.lease import TAKEN_EXIT_STATUS, StudyTakenError
-    from search.record.queries import write_results
     from search.record.study import load_study
-    from search.report.console import print_summary
+    from search.report.after_run import after_run
     from search.tuning.runner import RunOptions, run_study
     from search.tuning.signals import EXIT_STATUS, INTERRUPT_EXIT_STATUS
 
@@ -174,10 +170,8 @@ def run(
             summary = run_study(parsed, options)
         with ray_stopping_behind():  # the results and the report need only the study
             done = load_study(parsed.study, parsed.storage)
-            folder = write_results(done, parsed, results)
             # the wall time the user waited, from the command's start, not the runner's
-            print_summary(console, done, replace(summary, seconds=command_seconds()), folder)
-            _report_after_run(done, results)
+            after_run(console, done, parsed, replace(summary, seconds=command_seconds()), results)
     except StudyTakenError as exc:  # another driver runs the study now: it is not ours to end
         typer.echo(f"error: {one_line(str(exc))}", err=True)
         raise typer.Exit(TAKEN_EXIT_STATUS) from None
@@ -205,18 +199,9 @@ def run(
 
 def _no_trial_completed(study: Any, states: dict[int, str]) -> None:
     """One line and exit 1 when every trial of this run was pruned or failed."""
-    reasons = [
-        t.user_attrs.get("fail_reason")
-        for t in study.get_trials(deepcopy=False)
-        if t.number in states and t.state.name == "FAIL"
-    ]
-    failed = sum(s == "FAIL" for s in states.values())
-    why = f"; first failure: {one_line(str(reasons[0]))}" if reasons and reasons[0] else ""
-    typer.echo(
-        f"error: no trial of this run completed ({failed} of {len(states)} failed{why}); "
-        f"see `python -m search trials {study.study_name}`",
-        err=True,
-    )
+    from search.report.after_run import no_trial_completed
+
+    typer.echo(f"error: {no_trial_completed(study, states)}", err=True)
     raise typer.Exit(1)
 
 
@@ -314,20 +299,6 @@ def ray_stopping_behind() -> Iterator[None]:
         gc.enable()
 
 
-def _report_after_run(study: optuna.Study, results: Path) -> None:
-    """Writes the study's report at the end of ``run``; a failure costs a warning, not the run."""
-    from search.report.dashboard import publish_study
-    from search.report.html import report_study
-
-    try:
-        path = report_study(study, results, pngs=False)  # `report` draws the PNGs
-        publish_study(study, results)  # the dashboard's note and trial artifacts
-    except Exception as exc:  # the run itself succeeded; the report is a convenience
-        typer.echo(f"warning: report not written: {one_line(str(exc))}", err=True)
-        return
-    console.print(f"report {path}")
-
-
 @app.command()
 @one_line_errors
 def export(
@@ -380,47 +351,16 @@ def export(
     ] = False,
 ) -> None:
     """Confirm the top configs with fresh seeds, retrain the winner, write a model bundle."""
-    from search.handover.export import export_study
-    from search.handover.pareto import export_pareto
+    from search.handover.deliver import deliver
     from search.tuning.preflight import check_storage
 
-    if pareto and pick is not None:
-        raise SearchError("--pareto and --pick: give one (--pareto exports every point)")
     check_storage(storage, "--storage")
     log = functools.partial(console.print, markup=False)
-    target = _registry(study, storage, mlflow, model_name, promote)
-    if target is not None:
-        from search.handover.register import export_folder, refuse_overwrite
-
-        refuse_overwrite(out or export_folder(results, study, pareto), overwrite)
-    if pareto:
-        front = export_pareto(study, storage, out, seeds, address, results, log)
-        bundles = [p.bundle.out_dir for p in front.points if p.bundle is not None]
-    else:
-        result = export_study(study, storage, out, top_k, seeds, address, results, log, pick=pick)
-        bundles = [result.out_dir]
-    if target is not None:
-        from search.handover.registry import register_bundles
-
-        register_bundles(bundles, target, log)
-
-
-def _registry(
-    study: str, storage: str, uri: str | None, model_name: str | None, promote: bool
-) -> Any:
-    """The MLflow target of ``export``, checked before any confirmation run (None: none)."""
-    if uri is None and model_name is None and not promote:
-        from search.record.study import load_study, stored_spec
-
-        spec = stored_spec(load_study(study, storage), storage, find_code=True, required=True)
-        if spec.export is None or spec.export.mlflow is None:
-            return None  # no MLflow import for a plain export
-    from search.handover.registry import preflight, target_for
-
-    target = target_for(study, storage, uri, model_name, promote)
-    if target is not None:
-        preflight(target)
-    return target
+    deliver(
+        study, storage, out, top_k, seeds, address, results, log,
+        pareto=pareto, pick=pick, mlflow=mlflow, model_name=model_name, promote=promote,
+        overwrite=overwrite,
+    )  # fmt: skip
 
 
 @app.command()

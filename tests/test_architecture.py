@@ -24,7 +24,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1] / "search"
 LAYERS: list[tuple[str, ...]] = [
-    ("__main__", "cli"),
+    ("__main__", "cli", "api", "result"),
     ("handover",),
     ("report",),
     ("tuning",),

@@ -230,7 +230,7 @@ def test_shell_block_names_what_exists(block: Block) -> None:
 
 def test_the_collector_sees_the_readme() -> None:
     """The README's front door: the two make commands first, then a spec, a trainable, the
-    eight commands."""
+    nine commands."""
     readme = blocks(REPO / "README.md")
     assert readme[0].text.startswith("make run ") and "\nmake test " in readme[0].text
     assert {b.lang for b in readme} >= {"python", "yaml", "bash"}

@@ -35,6 +35,14 @@ SIGNATURES = {
     "*, model: 'str' = 'model.onnx', validation: 'Any' = None, "
     "validation_accuracy: 'float | None' = None, classes: 'Sequence[Any] | None' = None, "
     "mean: 'Any' = None, std: 'Any' = None) -> 'Path'",
+    "run": "(spec: 'SpecLike', *, trainable: 'Callable[..., Any] | str | None' = None, "
+    "data: 'Any' = None, trials: 'int | None' = None, max_epochs: 'int | None' = None, "
+    "study: 'str | None' = None, storage: 'str | None' = None, seed: 'int | None' = None, "
+    "results: 'Path | str' = 'results', address: 'str | None' = None, "
+    "restart: 'bool' = False) -> 'SearchResult'",
+    "load": "(study: 'str', storage: 'str' = 'sqlite:///results/optuna.db', *, "
+    "results: 'Path | str' = 'results', trainable: 'Callable[..., Any] | None' = None) "
+    "-> 'SearchResult'",
     "materialize": "(data: 'Dataset', path: 'str | None' = None) -> 'Dataset'",
     "load_digits": "(val_fraction: 'float', seed: 'int') -> 'Dataset'",
     "load_shapes": "(val_fraction: 'float', seed: 'int', samples: 'int | None' = None, "
@@ -43,7 +51,7 @@ SIGNATURES = {
 """Every public function, as ``inspect.signature`` prints it."""
 TYPES = {"Metrics", "TrainFn", "ExportFn"}
 """Type aliases: pinned by name (their shape is in ``search.contract.context``)."""
-CLASSES = {"TrialContext", "Dataset", "ConfigError"}
+CLASSES = {"TrialContext", "Dataset", "ConfigError", "SearchError", "SpecError", "SearchResult"}
 KERAS = {
     "set_threads": "(ctx: 'TrialContext') -> 'bool'",
     "fit": "(model: 'Any', ctx: 'TrialContext', *args: 'Any', callbacks: 'Sequence[Any]' = (), "

@@ -190,6 +190,8 @@ def _watch(roots: list[int]) -> int:
         ready, _, _ = select.select([sys.stdin.buffer], [], [], WATCH_S)
         if ready and not os.read(sys.stdin.fileno(), 4096):  # the driver is gone
             break
+    seen.update(proc(pid) for pid in tree(roots))  # and what started since the last look
+    seen.pop("", None)
     killed = 0
     for pid, start in seen.items():
         if proc(pid) == (pid, start):

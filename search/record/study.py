@@ -107,7 +107,8 @@ def directions(spec: StudySpec) -> list[Literal["minimize", "maximize"]]:
 
 
 def _check_resumable(summary: optuna.Study, spec: StudySpec, source: str) -> None:
-    how = f"pass --restart to start study {spec.study!r} afresh, or give the study a new name"
+    flag = "restart=True" if source == "search.run" else "--restart"  # the Python door's
+    how = f"pass {flag} to start study {spec.study!r} afresh, or give the study a new name"
     stored = summary.user_attrs.get("spec")
     change = incompatible_change(stored, spec) if isinstance(stored, dict) else None
     stored_directions = [d.name.lower() for d in summary.directions]

@@ -529,6 +529,11 @@ def parse_spec(data: Any, source: str = "<spec>", *, find_code: bool = True) -> 
 
 def load_spec(path: str | Path) -> StudySpec:
     """Reads and validates a YAML spec file (safe loader only)."""
+    return parse_spec(read_spec_file(path), str(path))
+
+
+def read_spec_file(path: str | Path) -> Any:
+    """A YAML spec file's data, not yet validated (:func:`read_yaml`)."""
     path = Path(path)
     try:
         text = path.read_text()
@@ -536,27 +541,37 @@ def load_spec(path: str | Path) -> StudySpec:
         raise SpecError(str(path), "", f"cannot read file ({exc.strerror})") from None
     except UnicodeDecodeError:
         raise SpecError(str(path), "", "cannot read file (not UTF-8 text)") from None
+    return read_yaml(text, str(path))
+
+
+def read_yaml(text: str, source: str) -> Any:
+    """``text`` as YAML (safe loader only); a :class:`SpecError` naming ``source`` when it
+    is not.
+
+    Example:
+        >>> read_yaml("study: demo", "<string>")
+        {'study': 'demo'}
+    """
     try:
-        data = yaml.safe_load(text)
+        return yaml.safe_load(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         problem = getattr(exc, "problem", None) or "invalid YAML"
-        raise SpecError(str(path), "", f"YAML syntax error{where}: {problem}") from None
+        raise SpecError(source, "", f"YAML syntax error{where}: {problem}") from None
     except RecursionError:
-        raise SpecError(str(path), "", "YAML nested too deeply") from None
+        raise SpecError(source, "", "YAML nested too deeply") from None
     except ValueError as exc:  # e.g. an integer of more than 4300 digits
-        raise SpecError(str(path), "", f"YAML value not readable: {exc}") from None
-    return parse_spec(data, str(path))
+        raise SpecError(source, "", f"YAML value not readable: {exc}") from None
 
 
-def with_overrides(spec: StudySpec, source: str = "<cli>", **changes: Any) -> StudySpec:
-    """Returns ``spec`` with dotted-path overrides applied (``None`` values are skipped).
+def set_dotted(data: dict[str, Any], changes: dict[str, Any]) -> dict[str, Any]:
+    """``data`` with each ``a.b.c`` of ``changes`` set (``None`` values skipped), in place.
 
     Example:
-        >>> s = with_overrides(spec, **{"budget.trials": 4})  # doctest: +SKIP
+        >>> set_dotted({"budget": {"trials": 8}}, {"budget.trials": 4, "study": None})
+        {'budget': {'trials': 4}}
     """
-    data = spec.to_dict()
     for dotted, value in changes.items():
         if value is None:
             continue
@@ -565,4 +580,13 @@ def with_overrides(spec: StudySpec, source: str = "<cli>", **changes: Any) -> St
         for key in parents:
             node = node.setdefault(key, {})
         node[leaf] = value
-    return parse_spec(data, source)
+    return data
+
+
+def with_overrides(spec: StudySpec, source: str = "<cli>", **changes: Any) -> StudySpec:
+    """Returns ``spec`` with dotted-path overrides applied (``None`` values are skipped).
+
+    Example:
+        >>> s = with_overrides(spec, **{"budget.trials": 4})  # doctest: +SKIP
+    """
+    return parse_spec(set_dotted(spec.to_dict(), changes), source)

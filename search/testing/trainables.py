@@ -114,6 +114,13 @@ class OutOfMemoryError(RuntimeError):
     """A synthetic "CUDA out of memory" (named like PyTorch's, which the runner retries)."""
 
 
+def _write_whole(path: Path, record: Mapping[str, Any]) -> None:
+    """Write ``record`` as JSON to ``path`` so that a reader sees all of it or the old file."""
+    part = path.with_name(path.name + ".part")
+    part.write_text(json.dumps(record))
+    part.replace(path)
+
+
 def _traced(config: Mapping[str, Any], data: Dataset, ctx: TrialContext) -> Iterator[Metrics]:
     """:func:`curve`, recording where and when each trial ran (placement tests).
 
@@ -145,7 +152,7 @@ def _traced(config: Mapping[str, Any], data: Dataset, ctx: TrialContext) -> Iter
         "alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF"),
     }
     path = folder / f"trial-{ctx.trial_number}-{os.getpid()}.json"
-    path.write_text(json.dumps(record))
+    _write_whole(path, record)
     try:
         needed, deadline = int(config.get("wait_for", 0)), time.monotonic() + 60.0
         while needed and time.monotonic() < deadline:
@@ -159,7 +166,8 @@ def _traced(config: Mapping[str, Any], data: Dataset, ctx: TrialContext) -> Iter
         inner = {k: v for k, v in config.items() if k not in _TRACE_KEYS}
         yield from curve(inner, data, ctx)
     finally:
-        path.write_text(json.dumps({**record, "end": time.time()}))
+        # Tune may end the actor while this runs: the file holds the old record or the new
+        _write_whole(path, {**record, "end": time.time()})
 
 
 def instant(config: Mapping[str, Any], data: Dataset, ctx: TrialContext) -> Iterator[Metrics]:

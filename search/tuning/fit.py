@@ -285,5 +285,6 @@ def _progress(spec: StudySpec, bridge: OptunaBridge, options: RunOptions) -> lis
             milestones=rungs,
             max_epochs=budget.max_epochs,
             time_limit_s=budget.time_limit_s,
+            notebook=options.notebook,
         )
     ]

@@ -24,6 +24,8 @@ class RunOptions:
     address: str | None = None
     verbose: int = 0
     progress: bool = True
+    notebook: bool = False
+    """Show the live block as a notebook's HTML block (``search.run`` in a Jupyter kernel)."""
     restart: bool = False
     takeover: bool = False
     """Take the study's lease even from a driver that looks alive."""

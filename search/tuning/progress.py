@@ -32,6 +32,7 @@ from rich.text import Text
 
 from search.tuning import terminal
 from search.tuning.fate import EPOCH
+from search.tuning.notebook import NotebookLive
 
 if TYPE_CHECKING:
     from ray.tune.experiment import Trial
@@ -76,6 +77,8 @@ class ProgressCallback(Callback):
         max_epochs: The epoch budget of a trial (the last "rung": trained to the end).
         time_limit_s: The study's time limit, which caps the estimate of what is left.
         live: Show the live block; by default only when the console is a terminal.
+        notebook: Show the live block as a notebook's HTML block
+            (:class:`~search.tuning.notebook.NotebookLive`), in a Jupyter kernel.
     """
 
     def __init__(
@@ -90,13 +93,15 @@ class ProgressCallback(Callback):
         max_epochs: int | None = None,
         time_limit_s: float | None = None,
         live: bool | None = None,
+        notebook: bool = False,
     ) -> None:
         self._bridge, self._metric, self._mode, self._total = bridge, metric, mode, total
         self._console = console or terminal.console(stderr=True)
         self._milestones = tuple(int(m) for m in milestones)
         self._max_epochs, self._time_limit = max_epochs, time_limit_s
         self._want_live = self._console.is_terminal if live is None else live
-        self._live: Live | None = None
+        self._notebook = notebook
+        self._live: Live | NotebookLive | None = None
         self._start = time.monotonic()
         self._best: float | None = None
         self._best_number: int | None = None
@@ -179,7 +184,10 @@ class ProgressCallback(Callback):
         **info: Any,
     ) -> None:
         self._start = time.monotonic()
-        if self._want_live and self._live is None:
+        if self._notebook and self._live is None:
+            self._live = NotebookLive(lambda: self.status().plain)
+            self._live.start()
+        elif self._want_live and self._live is None:
             self._live = Live(
                 self,
                 console=self._console,
@@ -189,6 +197,10 @@ class ProgressCallback(Callback):
                 redirect_stderr=False,
             )
             self._live.start()
+
+    def on_step_end(self, iteration: int, trials: list[Trial], **info: Any) -> None:
+        if isinstance(self._live, NotebookLive):  # rich's Live refreshes itself
+            self._live.refresh()
 
     def on_trial_start(
         self, iteration: int, trials: list[Trial], trial: Trial, **info: Any
