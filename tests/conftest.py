@@ -38,53 +38,48 @@ except ImportError:  # a run without the torch extra still collects the framewor
 
 
 SLOWEST_FIRST = (
-    # file: its time here, summed over its tests, in a two-worker `make test` (seconds,
-    # 2026-12-04; test_quiet.py after its Keras export moved to test_examples.py)
-    "test_examples.py",  # 166, and 5 for the Keras registry test
-    "test_run_e2e.py",  # 85
-    "test_quality.py",  # 82
-    "test_mistakes.py",  # 76
-    "test_sigterm.py",  # 75
-    "test_resume.py",  # 70
-    "test_tf_trainables.py",  # 68
-    "test_chaos.py",  # 67
-    "test_outage.py",  # 62
-    "test_tracking.py",  # 57
-    "test_export.py",  # 56
-    "test_disk_full.py",  # 53
-    "test_lightning_ddp.py",  # 52
-    "test_cluster.py",  # 52
-    "test_ddp.py",  # 46
-    "test_multiobjective.py",  # 45
-    "test_chaos_process.py",  # 44
-    "test_placement.py",  # 43
-    "test_cli.py",  # 41
-    "test_lease.py",  # 37
-    "test_registry_export.py",  # 37 (its Keras test moved to test_examples.py)
-    "test_stall.py",  # 29
-    "test_torch_trainables.py",  # 27
-    "test_takeover.py",  # 26
-    "test_data_once.py",  # 26
-    "test_warm_start.py",  # 26
-    "test_live_readers.py",  # 25
-    "test_image_folder.py",  # 24
-    "test_tf_reuse.py",  # 24
-    "test_lineage_onnx.py",  # 23
-    "test_local_ray.py",  # 20
-    "test_budget.py",  # 19
-    "test_report.py",  # 19
-    "test_served_model.py",  # 18
-    "test_limits.py",  # 18
-    "test_registry_server.py",  # 17
-    "test_pareto_export.py",  # 17
-    "test_metrics_boundary.py",  # 16
-    "test_spaces.py",  # 15
-    "test_check.py",  # 14
-    "test_keras_adapter.py",  # 12
-    "test_knobs.py",  # 12
-    "test_docs.py",  # 11
-    "test_piped_output.py",  # 10
-    "test_worker_death.py",  # 9
+    # file: its time here, summed over its tests, in a two-worker `make test` of a fresh clone
+    # (seconds, 2026-12-06, pytest --durations=150: the 150 longest phases)
+    "test_examples.py",  # 148
+    "test_gpu_check.py",  # 91
+    "test_run_e2e.py",  # 72
+    "test_notebook.py",  # 65
+    "test_chaos.py",  # 60
+    "test_mistakes.py",  # 56
+    "test_tf_trainables.py",  # 50
+    "test_outage.py",  # 46
+    "test_quality.py",  # 45
+    "test_resume.py",  # 43
+    "test_cluster.py",  # 41
+    "test_sigterm.py",  # 38
+    "test_multiobjective.py",  # 36
+    "test_tracking.py",  # 30
+    "test_chaos_process.py",  # 30
+    "test_lease.py",  # 28
+    "test_placement.py",  # 27
+    "test_export.py",  # 26
+    "test_ddp.py",  # 26
+    "test_stall.py",  # 21
+    "test_takeover.py",  # 20
+    "test_resnet.py",  # 20
+    "test_disk_full.py",  # 20
+    "test_budget.py",  # 20
+    "test_docs.py",  # 19
+    "test_data_once.py",  # 19
+    "test_warm_start.py",  # 18
+    "test_tf_reuse.py",  # 18
+    "test_lineage_onnx.py",  # 17
+    "test_lightning_ddp.py",  # 17
+    "test_cli.py",  # 17
+    "test_local_ray.py",  # 14
+    "test_limits.py",  # 14
+    "test_python_api.py",  # 13
+    "test_live_readers.py",  # 12
+    "test_torch_trainables.py",  # 11
+    "test_pareto_export.py",  # 11
+    "test_spaces.py",  # 10
+    "test_served_model.py",  # 10
+    "test_registry_export.py",  # 10
 )
 """The files that take longest, longest first: ``make test`` hands whole files to two
 pytest-xdist workers in this order (``--dist loadfile``, so a module's fixtures run once), and

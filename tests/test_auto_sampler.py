@@ -106,6 +106,27 @@ def test_no_config_is_proposed_twice_while_a_fresh_one_is_left() -> None:
     assert len({(p["a"], p["b"]) for p in plain}) < 10
 
 
+def test_univariate_it_skips_the_values_a_parameter_already_has() -> None:
+    """At K >= 8 (univariate TPE) the check sees one parameter at a time: while a fresh value
+    of ``a`` is left, no proposal repeats one that a trial of the study has, even where its
+    whole config would be new (docs/search-quality.md says so)."""
+    space = {"a": {"int": [0, 11]}, "b": {"choice": ["x", "y", "z"]}}
+    args = {"n_startup_trials": 2, "constant_liar": False, "multivariate": False}
+    sampler = DistinctTPESampler(seed=0, n_ei_candidates=64, **args)
+    spec_space = {n: Param.model_validate(p) for n, p in space.items()}
+    study = optuna.create_study(sampler=sampler)
+    for value in (1.0, 0.0):
+        trial = study.ask()
+        sample(trial, spec_space)
+        study.tell(trial, value)
+    held = {t.params["a"] for t in study.trials}
+    for _ in range(12 - len(held)):
+        sample(study.ask(), spec_space)
+    assert sorted(t.params["a"] for t in study.trials) == list(range(12))
+    plain = _proposals(optuna.samplers.TPESampler(seed=0, n_ei_candidates=64, **args), space, 10)
+    assert len({p["a"] for p in plain}) < 10  # TPE alone repeats its best value
+
+
 def test_a_thompson_pick_spreads_proposals_made_on_one_model() -> None:
     """20 proposals on the same model (none told): drawn in proportion to TPE's density
     ratio they spread wider than TPE's largest-ratio picks."""

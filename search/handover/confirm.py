@@ -43,6 +43,7 @@ from search.contract.driver import NOT_RETRIED
 from search.errors import one_line
 from search.handover.candidates import Candidate, resolved_config
 from search.handover.train import Log, train_once
+from search.record.queries import confirmed_order
 from search.record.storage import open_storage, redacted_spec
 from search.record.study import CONFIRM_SUFFIX, confirm_storage
 from search.specs.schema import parse_spec
@@ -365,9 +366,9 @@ def confirmation_table(
     for c in cands:
         values = {r.seed: r.value(metric) for r in runs if r.source_trial == c.number}
         rows.append(Row(c.number, c.value, {s: values.get(s) for s in seeds}, c.params))
-    sign = -1.0 if mode == "max" else 1.0
     return sorted(
-        rows, key=lambda r: (r.failed, sign * r.mean if r.ok else math.inf, r.source_trial)
+        rows,
+        key=lambda r: confirmed_order(r.failed, r.mean if r.ok else None, r.source_trial, mode),
     )
 
 

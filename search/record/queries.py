@@ -8,6 +8,7 @@ empty space, one trial, ASHA off and the seed that trial trained with, so
 from __future__ import annotations
 
 import csv
+import math
 from collections import Counter
 from collections.abc import Mapping
 from pathlib import Path
@@ -71,6 +72,22 @@ def best_trial(study: optuna.Study) -> optuna.trial.FrozenTrial | None:
     if not study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,)):
         return None
     return study.best_trial
+
+
+def confirmed_order(
+    failed: int, mean: float | None, trial: int, mode: str
+) -> tuple[int, float, int]:
+    """The one order of confirmed candidates: export takes the first, the report lists them
+    so. Fewest failed runs, then the best mean in ``mode``'s direction, then the lower trial.
+
+    Example:
+        >>> rows = [(0, 0.9, 3), (1, 0.95, 5), (0, 0.8, 8)]  # (failed, mean, trial)
+        >>> [t for f, m, t in sorted(rows, key=lambda r: confirmed_order(*r, mode="max"))]
+        [3, 8, 5]
+    """
+    sign = -1.0 if mode == "max" else 1.0
+    ranked = math.inf if mean is None or math.isnan(mean) else sign * mean
+    return failed, ranked, trial
 
 
 def pareto_trials(study: optuna.Study) -> list[optuna.trial.FrozenTrial]:

@@ -21,7 +21,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from search.record.folders import study_folder
-from search.record.queries import EPOCHS_FILE, best_trial, objective_names, pareto_trials
+from search.record.queries import (
+    EPOCHS_FILE,
+    best_trial,
+    confirmed_order,
+    objective_names,
+    pareto_trials,
+)
 from search.record.study import CONFIRM_FILE, CONFIRM_SUFFIX, confirm_storage
 from search.report.figures import (
     FIGURES,
@@ -202,8 +208,8 @@ def _fmt(value: Any) -> str:
 
 
 def confirmation_rows(confirm: optuna.Study) -> list[tuple[str, ...]]:
-    """Per source trial: the seeds' values, mean and spread of the latest export run, the best
-    mean first in the objective's direction (failed-only groups last)."""
+    """Per source trial: the seeds' values, mean and spread of the latest export run, in the
+    order export chose by (:func:`~search.record.queries.confirmed_order`)."""
     import statistics
 
     trials = [t for t in confirm.get_trials(deepcopy=False) if t.user_attrs.get("role")]
@@ -224,8 +230,8 @@ def confirmation_rows(confirm: optuna.Study) -> list[tuple[str, ...]]:
             for t in sorted(group, key=lambda t: int(t.user_attrs.get("seed", 0)))
         )
         rows.append((str(number), f"{mean:.4f}", f"{std:.4f}", str(len(group) - len(ok)), seeds))
-    sign = -1.0 if confirm.directions[0].name == "MAXIMIZE" else 1.0  # the best mean first
-    return sorted(rows, key=lambda r: sign * float(r[1]) if r[1] != "nan" else math.inf)
+    mode = "max" if confirm.directions[0].name == "MAXIMIZE" else "min"
+    return sorted(rows, key=lambda r: confirmed_order(int(r[3]), float(r[1]), int(r[0]), mode))
 
 
 def _front_section(study: optuna.Study) -> list[str]:

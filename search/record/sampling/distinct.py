@@ -7,7 +7,10 @@ count as bad results, which repels new proposals from the region the model likes
 pessimism, which over-explores when many trials run at once. :class:`DistinctTPESampler`
 keeps TPE's ranking of its candidates and only passes over the ones that repeat a config the
 study holds (the best fresh candidate wins; when every candidate repeats one, TPE's own
-choice stands). On continuous spaces repeats do not happen and it samples as TPE does.
+choice stands). It compares what TPE samples at once: the whole config with multivariate TPE,
+one parameter's value with univariate TPE (``auto`` at K >= 8), which then passes over values
+that parameter already has. On continuous spaces repeats do not happen and it samples as TPE
+does.
 
 Example:
     >>> import optuna
