@@ -427,7 +427,8 @@ def register(
         str,
         typer.Option(
             help="The MLflow registry: a server URL, sqlite:///mlflow.db or a folder; alias "
-            "challenger."
+            "challenger.",
+            envvar="MLFLOW_TRACKING_URI",  # as MLflow's own tools read it
         ),
     ],
     model_name: ModelName = None,
@@ -450,7 +451,8 @@ def check(
         str, typer.Argument(help="An export bundle folder (model.onnx), or models:/name@alias.")
     ],
     mlflow: Annotated[
-        str | None, typer.Option(help="The MLflow registry of a models:/ URI.")
+        str | None,
+        typer.Option(help="The MLflow registry of a models:/ URI.", envvar="MLFLOW_TRACKING_URI"),
     ] = None,
 ) -> None:
     """Run a bundle's model.onnx with onnxruntime on its declared inputs; no trainable imported.
@@ -465,7 +467,9 @@ def check(
             from search.handover.registry_check import check_registered
 
             if mlflow is None:
-                raise SearchError(f"{bundle}: give the registry with --mlflow URI")
+                raise SearchError(
+                    f"{bundle}: give the registry with --mlflow URI (or MLFLOW_TRACKING_URI)"
+                )
             lines = check_registered(bundle, Target(uri=mlflow, model_name="-"))
         else:
             lines = check_bundle(Path(bundle))

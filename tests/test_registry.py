@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -9,6 +12,7 @@ import pytest
 from search.handover.promote import verdict
 from search.handover.registry import RegistryError, Target, preflight, scrub
 from search.handover.registry_check import check_registered
+from tests.helpers import REPO
 
 
 def tags(mean: float, std: float = 0.01, runs: int = 3, data: str = "d1") -> dict[str, str]:
@@ -48,3 +52,16 @@ def test_checking_a_missing_sqlite_registry_is_one_line_and_creates_nothing(
     with pytest.raises(RegistryError, match=r"^--mlflow sqlite:///.*mlflow.db: no such file"):
         check_registered("models:/m@champion", Target(uri=uri, model_name="-"))
     assert not (tmp_path / "mlflow.db").exists()
+
+
+def test_check_reads_the_registry_from_mlflow_tracking_uri(tmp_path: Path) -> None:
+    """``check models:/...`` with only ``MLFLOW_TRACKING_URI`` set uses that registry, as
+    MLflow's own tools do (it once answered "give the registry with --mlflow URI")."""
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    done = subprocess.run(
+        [sys.executable, "-m", "search", "check", "models:/m@champion"],
+        cwd=REPO, capture_output=True, text=True, timeout=300,
+        env={**os.environ, "MLFLOW_TRACKING_URI": uri},
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    assert f"--mlflow {uri}: no such file" in done.stderr, done.stderr

@@ -80,6 +80,26 @@ class Target:
         return redact(self.uri)
 
 
+def serve_command(model_uri: str, target: Target, port: int = 5001) -> str:
+    """The shell line that serves ``model_uri`` with this interpreter's MLflow and uvicorn
+    (``mlflow models serve --env-manager local`` runs ``uvicorn`` from ``PATH``: a venv not
+    activated lacks it). The registry URI as given: a password stays masked, ``${VAR}`` unread.
+
+    Example:
+        >>> line = serve_command("models:/m/2", Target(uri="http://u:pw@host:5000", model_name="m"))
+        >>> "MLFLOW_TRACKING_URI='http://u:***@host:5000'" in line and "-m models:/m/2" in line
+        True
+    """
+    import shlex
+    import sys
+
+    bin_dir = shlex.quote(str(Path(sys.executable).parent))
+    return (
+        f'PATH={bin_dir}:"$PATH" MLFLOW_TRACKING_URI={shlex.quote(target.shown)} '
+        f"mlflow models serve -m {model_uri} --env-manager local -h 127.0.0.1 -p {port}"
+    )
+
+
 def quiet_client(uri: str) -> Any:
     """An ``MlflowClient`` on ``uri`` that gives up on an unreachable server in seconds and
     prints no URL of its own (MLflow's "View run at" line shows the URI's password; the
@@ -268,6 +288,7 @@ def _register(folder: Path, target: Target, log: Any) -> str:
         log(f"see it at {page}")
     if target.promote:
         promote(client, target.model_name, version.version, log)
+    log(f"serve it: {serve_command(uri, target)}")
     _note_in_bundle(folder, metrics, uri, target, run.info.run_id)
     for name in ("metrics.json", "MODEL_CARD.md"):  # the run's copies say it too
         client.log_artifact(run.info.run_id, str(folder / name), BUNDLE_ARTIFACTS)
