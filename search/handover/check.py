@@ -46,6 +46,7 @@ from search.contract.inputs import (
     shape_text,
 )
 from search.errors import SearchError, one_line
+from search.handover import binary
 from search.specs.schema import DataSpec
 
 BATCH = 2
@@ -312,7 +313,8 @@ def _not_classes(scores: np.ndarray, labels: np.ndarray) -> str:
     if scores.ndim != 2 or scores.shape[1] < 2:
         return (
             f"the first output has shape {scores.shape}, not one score a class (a single "
-            "column may be a logit or a probability: the check cannot tell)"
+            "column of a binary classifier: declare classes=[negative, positive] with "
+            "write_inputs)"
         )
     numeric = np.issubdtype(labels.dtype, np.number) and not np.issubdtype(
         labels.dtype, np.complexfloating
@@ -458,6 +460,8 @@ def check_bundle(folder: str | Path) -> list[str]:
     lines.append(
         f"onnxruntime {ort.__version__}: {n} validation examples in {1000 * seconds:.1f} ms"
     )
+    if declared is not None and binary.one_column(scores, declared.classes):
+        scores = binary.two_columns(scores, binary.kind_of(model))
     why = _not_classes(scores, labels)
     if why:
         lines.append(f"validation accuracy: not checked ({why})")

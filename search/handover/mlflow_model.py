@@ -25,7 +25,7 @@ import numpy as np
 
 from search.contract.inputs import INPUTS_FILE, Declared, Tensor, onnx_tensors
 from search.errors import SearchError
-from search.handover import check
+from search.handover import binary, check
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -168,6 +168,7 @@ def _log_onnx(folder: Path, onnx_file: Path, declared: Declared | None) -> Any:
         signature=_served_signature(inputs),
         input_example=_example(folder, declared, inputs),
         pip_requirements=[f"{p}=={version(p)}" for p in SERVED_PACKAGES],
+        model_config={"one_column": binary.kind_of(onnx_file)},  # read for one column only
     )
 
 

@@ -18,7 +18,7 @@ import numpy as np
 
 from search.contract.inputs import read_inputs
 from search.errors import one_line
-from search.handover import check, mlflow_model
+from search.handover import binary, check, mlflow_model
 from search.handover.bundle import TOLERANCE
 from search.handover.registry import BUNDLE_ARTIFACTS, RegistryError, Target, quiet_client, scrub
 
@@ -140,11 +140,9 @@ def _served(
     raw = {k: mlflow_model.raw(by_name[k], v) for k, v in prepared.items()}
     n = len(labels)
     answers = np.concatenate(
-        [
-            np.asarray(model.predict({k: v[i : i + check.CHUNK] for k, v in raw.items()})["label"])
-            for i in range(0, n, check.CHUNK)
-        ]
-    ).astype(str)
+        [_label(model.predict({k: v[i : i + check.CHUNK] for k, v in raw.items()}))
+         for i in range(0, n, check.CHUNK)]
+    ).astype(str)  # fmt: skip
     right = answers == _names(declared, labels)
     graph = folder / declared.model
     if not graph.is_file():
@@ -157,6 +155,8 @@ def _served(
             for i in range(0, n, check.CHUNK)
         ]
     )
+    if binary.one_column(scores, declared.classes):
+        scores = binary.two_columns(scores, binary.kind_of(graph))
     same = int((answers == _names(declared, scores.argmax(axis=1))).sum())
     lines.append(
         f"raw rows in, labels out: {same} of {n} labels agree with the bundle's {graph.name}"
@@ -166,3 +166,16 @@ def _served(
             f"{n - same} of {n} served labels differ from the bundle's {graph.name}", lines
         )
     return right
+
+
+def _label(answer: Any) -> np.ndarray:
+    """The ``label`` column of a served answer; one line when it has none (a graph whose
+    first output is not one score a class, and not a binary one with its two classes)."""
+    if isinstance(answer, dict) or "label" not in getattr(answer, "columns", ()):
+        keys = ", ".join(map(str, answer.keys() if isinstance(answer, dict) else answer.columns))
+        raise RegistryError(
+            f"the served model answers no label (its answer holds {keys}): its first output "
+            "is not one score a class; a binary classifier with one output column needs "
+            "classes=[negative, positive] in write_inputs"
+        )
+    return np.asarray(answer["label"])

@@ -17,8 +17,12 @@ columns), the answer is a table, one row per input row:
 - ``logits``: the first output's raw row, only when asked with ``params={"logits": True}``.
 
 Probabilities are the softmax of the first output, unless its rows already sum to one (a
-graph that ends in a softmax). Any other graph answers its outputs by name, as it computes
-them. This module is not imported by ``search``: MLflow runs it (``set_model`` below).
+graph that ends in a softmax). A binary classifier with one output column (one logit, or one
+probability after a sigmoid: the model config's ``one_column`` says which) whose bundle names
+two classes is answered as a two-class model: the column becomes ``[0, z]`` or ``[1 - p,
+p]`` (:mod:`search.handover.binary`, written again here). Any other graph answers its outputs
+by name, as it computes them. This module is not imported by ``search``: MLflow runs it
+(``set_model`` below).
 """
 
 from __future__ import annotations
@@ -61,6 +65,13 @@ def probabilities(scores: np.ndarray) -> np.ndarray:
     return shifted / shifted.sum(axis=1, keepdims=True)
 
 
+def two_columns(scores: np.ndarray, kind: str) -> np.ndarray:
+    """One column as two: ``[0, z]`` for logits, ``[1 - p, p]`` for probabilities."""
+    column = np.asarray(scores, dtype=np.float64).reshape(-1, 1)
+    other = 1.0 - column if kind == "probability" else np.zeros_like(column)
+    return np.hstack([other, column])
+
+
 class LabelledOnnx(PythonModel):  # type: ignore[misc]  # untyped base
     """``model.onnx`` behind the preprocessing and the labels of ``inputs.json``."""
 
@@ -79,6 +90,7 @@ class LabelledOnnx(PythonModel):  # type: ignore[misc]  # untyped base
         self.inputs = declared.get("inputs") or graph
         self.classes = declared.get("classes")
         self.names = [o.name for o in self.session.get_outputs()]
+        self.one_column = (getattr(context, "model_config", None) or {}).get("one_column")
 
     def _arrays(self, model_input: Any) -> dict[str, Any]:
         """The raw arrays by input name."""
@@ -99,7 +111,10 @@ class LabelledOnnx(PythonModel):  # type: ignore[misc]  # untyped base
         arrays = self._arrays(model_input)
         feed = {t["name"]: prepare(t, arrays[t["name"]]) for t in self.inputs}
         outputs = self.session.run(None, feed)
-        scores = np.asarray(outputs[0])
+        scores = raw_scores = np.asarray(outputs[0])
+        single = scores.ndim == 1 or (scores.ndim == 2 and scores.shape[1] == 1)
+        if single and self.one_column and self.classes and len(self.classes) == 2:
+            scores = two_columns(scores, self.one_column)
         if scores.ndim != 2 or scores.shape[1] < 2:
             return dict(zip(self.names, outputs, strict=False))
         probs = probabilities(scores)
@@ -113,7 +128,7 @@ class LabelledOnnx(PythonModel):  # type: ignore[misc]  # untyped base
             }
         )
         if (params or {}).get(LOGITS):
-            answer[LOGITS] = scores.tolist()
+            answer[LOGITS] = raw_scores.reshape(len(best), -1).tolist()
         return answer
 
 
