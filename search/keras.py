@@ -318,10 +318,20 @@ def _to_onnx(model: Any, path: Path) -> None:
 
 
 def train_and_save(
-    train: TrainFn, config: Mapping[str, Any], data: Dataset, ctx: TrialContext, out_dir: Path
+    train: TrainFn,
+    config: Mapping[str, Any],
+    data: Dataset,
+    ctx: TrialContext,
+    out_dir: Path,
+    **declare: Any,
 ) -> Metrics:
     """An export hook in one call: :func:`train_to_end` with ``train``, then :func:`save_model`
-    and :func:`save_onnx`.
+    and :func:`save_onnx` (``declare`` is its: ``mean=``, ``std=``, ``scale=``, ``classes=``).
+
+    A loader that standardizes the rows trains a model that takes standardized rows, and the
+    served model takes what ``inputs.json`` declares: give ``mean=`` and ``std=`` here (then
+    it takes raw rows and standardizes them), or put a ``keras.layers.Normalization`` adapted
+    on the training rows inside the model. ``classes=`` names the answers.
 
     ``train`` must end with ``return (yield from fit(...))`` (:func:`fit` returns the model).
     ``model.onnx`` is compared with Keras on ``data``'s validation inputs when the model takes
@@ -337,9 +347,9 @@ def train_and_save(
         return found
     x, y = (_array(data, name) for name in ("x_val", "y_val"))
     if x is None or y is None:  # a loader's own layout: compared on random inputs only
-        return found | save_onnx(model, out_dir)
+        return found | save_onnx(model, out_dir, **declare)
     fits = tuple(x.shape[1:]) == tuple(model.inputs[0].shape[1:]) and x.dtype.kind == "f"
-    return found | save_onnx(model, out_dir, *((x, y) if fits and len(x) else ()))
+    return found | save_onnx(model, out_dir, *((x, y) if fits and len(x) else ()), **declare)
 
 
 def _array(data: Any, name: str) -> np.ndarray | None:

@@ -55,6 +55,7 @@ SLOWEST_FIRST = (
     "test_multiobjective.py",  # 36
     "test_tracking.py",  # 30
     "test_chaos_process.py",  # 30
+    "test_optuna_suites.py",  # 35, measured alone
     "test_lease.py",  # 28
     "test_placement.py",  # 27
     "test_export.py",  # 26

@@ -197,18 +197,31 @@ def alive(pid: int) -> bool:
         return False
 
 
+def stored_study(storage: str, study: str) -> Any:
+    """``study`` as a driver stores it, or ``None`` before the driver made it. A SQLite file
+    that does not exist yet is not opened: Optuna would create it, racing the driver's own
+    creation of the schema (``UNIQUE constraint failed: alembic_version``)."""
+    import optuna
+
+    if storage.startswith("sqlite:///") and not Path(storage.removeprefix("sqlite:///")).exists():
+        return None
+    try:
+        return optuna.load_study(study_name=study, storage=storage)
+    except KeyError:  # the file is there, the study not yet
+        return None
+
+
 def wait_for_a_running_trial(storage: str, driver: subprocess.Popen[str], study: str = "t") -> None:
     """Waits (180 s at most) until a trial of ``study`` is RUNNING with an epoch reported."""
-    import optuna
     from optuna.trial import TrialState
 
     deadline = time.monotonic() + 180
     while time.monotonic() < deadline and driver.poll() is None:
         time.sleep(0.3)
-        try:
-            trials = optuna.load_study(study_name=study, storage=storage).trials
-        except KeyError:
+        stored = stored_study(storage, study)
+        if stored is None:
             continue
+        trials = stored.trials
         if any(t.state == TrialState.RUNNING and t.intermediate_values for t in trials):
             return
     pytest.fail("no trial ever ran")

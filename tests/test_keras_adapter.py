@@ -211,6 +211,30 @@ def test_train_to_end_and_train_and_save(wine: Arrays, tmp_path: Path) -> None:
     assert lines[-1] == "OK: model.onnx reproduces the exported validation accuracy"
 
 
+def test_train_and_save_declares_the_loaders_standardization_and_the_classes(
+    wine: Arrays, tmp_path: Path
+) -> None:
+    """The one-line hook takes ``mean=``, ``std=`` and ``classes=``: ``inputs.json`` declares
+    them, so the served model standardizes raw rows and answers class names (before, a loader's
+    standardization was lost and raw rows got another class, silently)."""
+    from search.contract.inputs import read_inputs
+
+    x, y, xv, yv = wine
+    data = Dataset(x, y, xv, yv, num_classes=3, name="wine")
+
+    def train(config: Any, data: Dataset, ctx: TrialContext) -> Any:
+        return (yield from search.keras.fit(build(), ctx, data.x_train, data.y_train))
+
+    mean, std = [0.5] * x.shape[1], [2.0] * x.shape[1]
+    names = ["cultivar-a", "cultivar-b", "cultivar-c"]
+    out = tmp_path / "out"
+    ctx = TrialContext(max_epochs=1, num_threads=2)
+    search.keras.train_and_save(train, {}, data, ctx, out, mean=mean, std=std, classes=names)
+    declared = read_inputs(out)
+    assert declared is not None and declared.classes == tuple(names)
+    assert list(declared.inputs[0].mean) == mean and list(declared.inputs[0].std) == std
+
+
 def test_export_compares_a_user_hooks_onnx_with_its_keras_file(
     wine: Arrays, tmp_path: Path
 ) -> None:

@@ -60,7 +60,7 @@ KERAS = {
     "save_onnx": "(model: 'Any', out_dir: 'str | Path', x: 'Any' = None, labels: 'Any' = None, "
     "**declare: 'Any') -> 'Metrics'",
     "train_and_save": "(train: 'TrainFn', config: 'Mapping[str, Any]', data: 'Dataset', "
-    "ctx: 'TrialContext', out_dir: 'Path') -> 'Metrics'",
+    "ctx: 'TrialContext', out_dir: 'Path', **declare: 'Any') -> 'Metrics'",
 }
 """:mod:`search.keras`, the public module for Keras users."""
 HF = {

@@ -15,7 +15,7 @@ from ray.tune.schedulers import TrialScheduler
 
 from search.record.resume import FATE, INTERRUPTED, earlier_curves, fate_record, recover
 from search.tuning.scheduler import PruneReportingASHA
-from tests.helpers import base_spec, start_run, write_spec
+from tests.helpers import base_spec, start_run, stored_study, write_spec
 
 # CLI runs join the session's Ray (tests/conftest.py)
 pytestmark = [pytest.mark.usefixtures("joins_session_ray")]
@@ -96,10 +96,10 @@ def test_kill_9_mid_study_then_run_again_continues(tmp_path: Path) -> None:
     deadline = time.monotonic() + 240
     while time.monotonic() < deadline:
         time.sleep(0.5)
-        try:
-            trials = optuna.load_study(study_name="killed", storage=storage).trials
-        except KeyError:
+        stored = stored_study(storage, "killed")
+        if stored is None:
             continue
+        trials = stored.trials
         finished = [t for t in trials if t.state.is_finished()]
         running = [t for t in trials if t.state == TrialState.RUNNING and t.intermediate_values]
         if len(finished) >= 2 and running:
@@ -178,16 +178,13 @@ def test_one_driver_per_study_a_resume_that_checks_the_spec_and_continues_the_sa
     spec = write_spec(tmp_path / "s.yaml", data)
     first = _run(spec)
     deadline = time.monotonic() + 120
-    while time.monotonic() < deadline:  # until the first driver holds the study
+    while time.monotonic() < deadline and first.poll() is None:  # until it holds the study
         time.sleep(0.2)
-        try:
-            if (
-                "driver"
-                in optuna.load_study(study_name="owned", storage=data["storage"]).user_attrs
-            ):
-                break
-        except KeyError:
-            continue
+        stored = stored_study(data["storage"], "owned")
+        lease = stored.user_attrs.get("driver") if stored is not None else None
+        if lease and not lease.get("released"):
+            break
+    assert first.poll() is None, "the first driver ended before its lease was seen"
     second = _run(spec)
     out = _out(second)
     assert second.returncode == 2, out

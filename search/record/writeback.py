@@ -92,8 +92,8 @@ class WriteBehindStorage(BaseStorage):
                 local = self._own[trial_id]
                 if method == "set_trial_state_values" or local is None:
                     self._own.pop(trial_id)  # finished: reads go to the storage (and overlay)
-                else:
-                    self._own[trial_id] = self._apply(local, [(0, method, args)])
+                else:  # a new object: a trial read before (deepcopy=False) stays as it was
+                    self._own[trial_id] = self._apply(copy.copy(local), [(0, method, args)])
             self._writer.put(trial_id, method, args)
 
     def flush(self) -> None:
@@ -123,18 +123,19 @@ class WriteBehindStorage(BaseStorage):
 
     @staticmethod
     def _apply(trial: FrozenTrial, ops: Sequence[Op]) -> FrozenTrial:
-        """Applies queued writes to ``trial`` in place (and returns it)."""
+        """Applies queued writes to ``trial`` (and returns it), each dict it changes replaced
+        by a new one: a shallow copy of a trial takes them and leaves the original as it was."""
         for _, method, args in ops:
             if method == "set_trial_user_attr":
-                trial.user_attrs[args[0]] = args[1]
+                trial.user_attrs = {**trial.user_attrs, args[0]: args[1]}
             elif method == "set_trial_system_attr":
-                trial.system_attrs[args[0]] = args[1]
+                trial.system_attrs = {**trial.system_attrs, args[0]: args[1]}
             elif method == "set_trial_intermediate_value":
-                trial.intermediate_values[args[0]] = args[1]
+                trial.intermediate_values = {**trial.intermediate_values, args[0]: args[1]}
             elif method == "set_trial_param":
                 name, internal, distribution = args
-                trial.params[name] = distribution.to_external_repr(internal)
-                trial.distributions[name] = distribution
+                trial.params = {**trial.params, name: distribution.to_external_repr(internal)}
+                trial.distributions = {**trial.distributions, name: distribution}
             elif method == "set_trial_state_values":
                 trial.state = args[0]
                 trial.values = list(args[1]) if args[1] is not None else None
@@ -201,6 +202,12 @@ class WriteBehindStorage(BaseStorage):
     def delete_study(self, study_id: int) -> None:
         self.flush()
         self.outage.call(self.inner.delete_study, study_id)
+        with self._lock:  # its trials go with it, and the view (a new study may take its id)
+            for trial_id in [t for t, s in self._mine.items() if s == study_id]:
+                self._mine.pop(trial_id)
+                self._told.pop(trial_id, None)
+                self._own.pop(trial_id, None)
+            self._view = None
 
     def set_study_user_attr(self, study_id: int, key: str, value: Any) -> None:
         self.outage.call(self.inner.set_study_user_attr, study_id, key, value)
