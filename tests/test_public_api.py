@@ -26,9 +26,9 @@ import search.lightning
 REPO = Path(__file__).resolve().parents[1]
 
 SIGNATURES = {
-    "trainable": "(*, defaults: 'Mapping[str, Any] | None' = None, "
-    "data_parallel: 'ParallelFlag' = None, export: 'ExportFn | None' = None) "
-    "-> 'Callable[[TrainFn], DeclaredTrainable]'",
+    "trainable": "(fn: 'TrainFn | None' = None, /, *, defaults: 'Mapping[str, Any] | None' = "
+    "None, data_parallel: 'ParallelFlag' = None, export: 'ExportFn | None' = None) "
+    "-> 'DeclaredTrainable | Callable[[TrainFn], DeclaredTrainable]'",
     "train_to_end": "(train: 'TrainFn', config: 'Mapping[str, Any]', data: 'Dataset', "
     "ctx: 'TrialContext') -> 'Trained'",
     "write_inputs": "(out_dir: 'str | os.PathLike[str]', inputs: 'Any', outputs: 'Any' = None, "

@@ -24,6 +24,10 @@ DEFAULTS = {"lr": 1e-3, "hidden": 32, "dropout": 0.0, "batch_size": 64, "precisi
 """Every knob ``train`` reads, with its default (the spec's knobs are checked against it)."""
 
 
+CLASSES = ["malignant", "benign"]
+"""The breast-cancer table's targets 0 and 1, as scikit-learn names them."""
+
+
 def load(val_fraction: float = 0.25, seed: int = 0) -> dict[str, np.ndarray]:
     """The data, split and standardized with the training split's statistics."""
     from sklearn.datasets import load_breast_cancer
@@ -39,6 +43,8 @@ def load(val_fraction: float = 0.25, seed: int = 0) -> dict[str, np.ndarray]:
         "y_train": y_tr.astype(np.float32),
         "x_val": ((x_va - mean) / std).astype(np.float32),
         "y_val": y_va.astype(np.float32),
+        "mean": mean,  # the export declares them: the served model takes raw rows
+        "std": std,
     }
 
 
@@ -121,5 +127,12 @@ def export(
         dynamic_axes={"x": {0: "batch"}},
         dynamo=False,
     )
-    write_inputs(out_dir, {"x": data["x_val"][:2]})
+    write_inputs(  # one logit: the second class when it is > 0 (scikit-learn's names)
+        out_dir,
+        {"x": data["x_val"][:2]},
+        validation=(data["x_val"], data["y_val"].astype(np.int64)),
+        classes=CLASSES,
+        mean=data["mean"],
+        std=data["std"],
+    )
     return trained.metrics

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Final, Literal, Protocol, cast
+from typing import Any, Final, Literal, Protocol, cast, overload
 
 from search.contract.context import ExportFn, TrainFn
 
@@ -63,13 +63,31 @@ class DeclaredTrainable(Protocol):
     def exporter(self, hook: ExportFn) -> ExportFn: ...
 
 
+@overload
+def trainable(fn: TrainFn, /) -> DeclaredTrainable: ...
+
+
+@overload
 def trainable(
     *,
     defaults: Mapping[str, Any] | None = None,
     data_parallel: ParallelFlag = None,
     export: ExportFn | None = None,
-) -> Callable[[TrainFn], DeclaredTrainable]:
+) -> Callable[[TrainFn], DeclaredTrainable]: ...
+
+
+def trainable(
+    fn: TrainFn | None = None,
+    /,
+    *,
+    defaults: Mapping[str, Any] | None = None,
+    data_parallel: ParallelFlag = None,
+    export: ExportFn | None = None,
+) -> DeclaredTrainable | Callable[[TrainFn], DeclaredTrainable]:
     """Declares a training generator's defaults, data-parallel mode and export hook.
+
+    ``@trainable`` alone (no parentheses) declares none of them and gives the function its
+    ``.exporter`` decorator.
 
     Example:
         >>> @trainable(defaults={"lr": 0.1})
@@ -80,24 +98,29 @@ def trainable(
         ...     return {}
         >>> declared(train).defaults, declared(train).export is export
         ({'lr': 0.1}, True)
+        >>> @trainable
+        ... def plain(config, data, ctx):
+        ...     yield {"loss": 0.0}
+        >>> declared(plain).defaults is None and callable(plain.exporter)
+        True
     """
     if data_parallel not in (None, False, True, "processes", "in_process"):
         raise ValueError(
             f"data_parallel={data_parallel!r}: expected True, 'processes' or 'in_process'"
         )
 
-    def wrap(fn: TrainFn) -> DeclaredTrainable:
+    def wrap(function: TrainFn) -> DeclaredTrainable:
         declaration = Declaration(dict(defaults) if defaults else None, data_parallel, export)
 
         def exporter(hook: ExportFn) -> ExportFn:
             declaration.export = hook
             return hook
 
-        setattr(fn, ATTRIBUTE, declaration)
-        setattr(fn, "exporter", exporter)  # noqa: B010 (an attribute of a function)
-        return cast(DeclaredTrainable, fn)
+        setattr(function, ATTRIBUTE, declaration)
+        setattr(function, "exporter", exporter)  # noqa: B010 (an attribute of a function)
+        return cast(DeclaredTrainable, function)
 
-    return wrap
+    return wrap if fn is None else wrap(fn)
 
 
 def declared(fn: Any) -> Declaration | None:
