@@ -168,11 +168,12 @@ def test_one_driver_per_study_a_resume_that_checks_the_spec_and_continues_the_sa
 ) -> None:
     """A second driver is refused; a compatible change resumes, recorded, and its sampler
     continues instead of replaying (no x twice); an incompatible one is refused."""
+    gate = tmp_path / "gate"  # the first driver's trials wait for it: it runs until refused
     data = base_spec(
         tmp_path,
         study="owned",
         budget={"trials": 3, "max_epochs": 3},
-        fixed={"sleep": 0.5},
+        fixed={"sleep": 0.2, "hold_file": str(gate)},
         asha={"enabled": False},
     )
     spec = write_spec(tmp_path / "s.yaml", data)
@@ -189,6 +190,7 @@ def test_one_driver_per_study_a_resume_that_checks_the_spec_and_continues_the_sa
     out = _out(second)
     assert second.returncode == 2, out
     assert "error: study 'owned' is being run by run " in out and "--takeover" in out
+    gate.touch()
     assert first.wait(timeout=300) == 0
     study = optuna.load_study(study_name="owned", storage=data["storage"])
     assert len(study.trials) == 3  # one budget, not two
