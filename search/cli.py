@@ -1,5 +1,5 @@
 """The command line: ``run``, ``trials``, ``logs``, ``dashboard``, ``export``, ``report``,
-``train`` and ``check``.
+``train``, ``check``, ``register`` and ``slurm``.
 
 The top layer: it calls :mod:`search.handover`, :mod:`search.report` and :mod:`search.tuning`.
 Those modules import Ray, Optuna or PyTorch when they are imported, so each command imports
@@ -14,6 +14,7 @@ import contextlib
 import functools
 import gc
 import os
+import shlex
 import sys
 import threading
 import time
@@ -480,6 +481,56 @@ def check(
         raise typer.Exit(1) from None
     for line in lines:
         console.print(line, markup=False)
+
+
+@app.command()
+@one_line_errors
+def slurm(
+    spec: Annotated[Path, typer.Argument(help="The study's YAML spec.")],
+    nodes: Annotated[int, typer.Option(help="Nodes: Ray's head on the first.")] = 1,
+    gpus_per_node: Annotated[int | None, typer.Option(help="GPUs on each node.")] = None,
+    cpus_per_node: Annotated[int | None, typer.Option(help="CPUs on each node.")] = None,
+    time: Annotated[
+        str | None, typer.Option(help="Time limit, as sbatch reads it (90, 2:00:00, 1-12).")
+    ] = None,
+    partition: Annotated[str | None, typer.Option(help="sbatch --partition.")] = None,
+    account: Annotated[str | None, typer.Option(help="sbatch --account.")] = None,
+    requeue: Annotated[
+        bool, typer.Option("--requeue", help="Requeue the job when its time limit stops it.")
+    ] = False,
+    grace: Annotated[
+        int, typer.Option(help="Seconds before the time limit at which the study stops.")
+    ] = 120,
+    sbatch: Annotated[
+        list[str] | None, typer.Option(help="More sbatch options, one #SBATCH line each.")
+    ] = None,
+    trials: Annotated[int | None, typer.Option(help="Override budget.trials.")] = None,
+    study: Annotated[str | None, typer.Option(help="Override the study name.")] = None,
+    storage: Annotated[str | None, typer.Option(help="Override the storage URL.")] = None,
+    results: Annotated[
+        Path, typer.Option(help="Folder for results, on the shared filesystem.")
+    ] = Path("results"),
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Print the batch script; submit nothing.")
+    ] = False,
+) -> None:
+    """Run a study as a SLURM batch job: Ray across the allocation, `search run` on its head."""
+    from search.compute.slurm import SlurmJob, prepare, submit
+
+    options = {"trials": trials, "study": study, "storage": storage, "results": results}
+    job = SlurmJob(
+        name="", nodes=nodes, gpus_per_node=gpus_per_node, cpus_per_node=cpus_per_node,
+        time=time, partition=partition, account=account, requeue=requeue, grace_s=grace,
+        extra=tuple(sbatch or ()),
+    )  # fmt: skip
+    typed = " ".join(shlex.quote(a) for a in ["search", *sys.argv[1:]] if a != "--dry-run")
+    script, text, watch = prepare(spec, job, options, typed)
+    if dry_run:
+        typer.echo(text, nl=False)
+        return
+    job_id = submit(script, text)
+    for line in watch(job_id):
+        typer.echo(line)
 
 
 def main() -> None:

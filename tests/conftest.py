@@ -41,6 +41,7 @@ SLOWEST_FIRST = (
     # file: its time here, summed over its tests, in a two-worker `make test` of a fresh clone
     # (seconds, 2026-12-06, pytest --durations=150: the 150 longest phases)
     "test_examples.py",  # 148
+    "test_slurm.py",  # 120, measured alone: most of it a job waiting for its time limit
     "test_gpu_check.py",  # 91
     "test_run_e2e.py",  # 72
     "test_notebook.py",  # 65

@@ -88,9 +88,10 @@ def print_trials(console: Console, study: optuna.Study, metrics: Sequence[str] =
         UnknownMetricError: When a named metric is not in the study (one line).
     """
     frame = trials_frame(study)
-    # A conditional parameter a trial did not sample is blank, not "nan" (a metric's NaN is
-    # a value: it stays).
-    for column in [c for c in frame.columns if c.startswith("param_")]:
+    # What a trial has not (a conditional parameter it did not sample, a FAIL trial's value,
+    # the fail reason of one that did not fail) is blank, not "nan"; a metric's NaN is a value
+    # the trainable yielded: it stays.
+    for column in [c for c in frame.columns if not c.startswith("metric_")]:
         frame[column] = frame[column].astype(object).where(frame[column].notna(), None)
     table = Table(title=f"{study.study_name}: {len(frame)} trials")
     known = [c.removeprefix("metric_") for c in frame.columns if c.startswith("metric_")]
