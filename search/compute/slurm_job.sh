@@ -6,6 +6,7 @@
 # Submit this file again (sbatch @@SELF@@) to continue the study where it stopped.
 # Ray lives in a folder and on ports of this job's own; the script stops it by pid.
 set -u
+: "${SLURM_JOB_ID:?is not set: submit this script with sbatch, it is a SLURM batch job}"
 cd @@WORKDIR@@ || exit 2
 PY=@@PYTHON@@
 RAY=@@RAY@@
