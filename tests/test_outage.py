@@ -55,6 +55,24 @@ class Server:
         )  # fmt: skip
 
 
+def _port_outside_the_ephemeral_range() -> int:
+    """A free port below the kernel's ephemeral range (and above Ray's worker ports): while
+    the server is stopped, no ``bind(0)`` and no outgoing connection of the other tests' Rays
+    can take its port (``pg_ctl start`` failed so, in two of three fresh-clone runs)."""
+    import random
+    import socket
+
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    for port in random.Random().sample(range(20000, max(20001, low)), 200):
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    return free_port()
+
+
 @pytest.fixture
 def server() -> Iterator[Server]:
     if not PG_BINS:
@@ -62,7 +80,7 @@ def server() -> Iterator[Server]:
     root = Path(tempfile.mkdtemp(prefix="search-outage-"))
     if os.geteuid() == 0:
         shutil.chown(root, "postgres", "postgres")
-    found = Server(Path(PG_BINS[-1]).parent, root / "data", free_port())
+    found = Server(Path(PG_BINS[-1]).parent, root / "data", _port_outside_the_ephemeral_range())
     subprocess.run(
         [*AS_OWNER, str(found.bin_dir / "initdb"), "-D", str(found.data), "-U", USER,
          "--auth=trust", "--no-sync"],
