@@ -24,6 +24,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from tests.helpers import free_port
+
 DAEMONS = ("munged", "slurmctld", "slurmd", "sbatch", "squeue", "scancel", "scontrol", "sinfo")
 NODE_CPUS = 8
 
@@ -35,12 +37,6 @@ def have_slurm() -> bool:
 
 def _exe(name: str) -> str:
     return shutil.which(name) or f"/usr/sbin/{name}"
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 @dataclass
@@ -89,8 +85,8 @@ def _config(root: Path, user: str, host: str) -> str:
     return f"""\
 ClusterName=searchtest
 SlurmctldHost={host}(127.0.0.1)
-SlurmctldPort={_free_port()}
-SlurmdPort={_free_port()}
+SlurmctldPort={free_port()}
+SlurmdPort={free_port()}
 SlurmUser={user}
 SlurmdUser={user}
 AuthType=auth/munge
