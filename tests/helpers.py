@@ -167,6 +167,26 @@ def served(model_uri: str, tracking_uri: str, log_dir: Path) -> Iterator[str]:
     env = {**os.environ, "MLFLOW_TRACKING_URI": tracking_uri, "PATH": venv_path()}
     cmd = [sys.executable, "-m", "mlflow", "models", "serve", "-m", model_uri]
     cmd += ["--env-manager", "local", "-p", str(port), "-h", "127.0.0.1"]
+    with _serving(cmd, env, port, log_dir) as url:
+        yield url
+
+
+@contextlib.contextmanager
+def served_line(line: str, log_dir: Path) -> Iterator[str]:
+    """The shell line ``register`` prints (``serve it: ...``), run by ``bash`` as a user pastes
+    it, from a shell whose ``PATH`` has no venv and no ``MLFLOW_TRACKING_URI``; only its port
+    becomes a free one. Yields the base URL once ``/ping`` answers."""
+    port = free_port()
+    assert line.endswith(" -p 5001"), line
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("MLFLOW_", "VIRTUAL_ENV"))}
+    env["PATH"] = "/usr/bin:/bin"
+    cmd = ["bash", "-c", line.removesuffix("5001") + str(port)]
+    with _serving(cmd, env, port, log_dir) as url:
+        yield url
+
+
+@contextlib.contextmanager
+def _serving(cmd: list[str], env: dict[str, str], port: int, log_dir: Path) -> Iterator[str]:
     log = (log_dir / "serve.log").open("wb")
     proc = subprocess.Popen(
         cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True

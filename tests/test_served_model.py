@@ -24,7 +24,7 @@ from search.handover.registry import Target, register_bundle
 from search.handover.registry_check import check_registered
 from search.record.study import open_study, record_spec
 from search.specs.schema import parse_spec
-from tests.helpers import answers, base_spec, served
+from tests.helpers import answers, base_spec, served, served_line
 from tests.helpers import cli as _cli
 
 pytest.importorskip("mlflow")
@@ -111,9 +111,12 @@ def _graph_labels(folder: Path, raw: np.ndarray) -> list[str]:
 
 @pytest.fixture(scope="module")
 def registered(mlflow_server: str, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The bundle, registered as ``models:/tumours/1``."""
+    """The bundle, registered as ``models:/tumours/1``; the lines ``register`` printed are in
+    its ``register.log``."""
     bundle = _bundle(tmp_path_factory.mktemp("served") / "bundle")
-    register_bundle(bundle, Target(uri=mlflow_server, model_name="tumours"), lambda _: None)
+    lines: list[str] = []
+    register_bundle(bundle, Target(uri=mlflow_server, model_name="tumours"), lines.append)
+    (bundle.parent / "register.log").write_text("\n".join(lines))
     return bundle
 
 
@@ -180,6 +183,19 @@ def test_mlflow_models_serve_answers_a_raw_row_with_its_class_name(
     assert [r["label"] for r in rows] == labels == _graph_labels(registered, raw)
     assert all(abs(sum(r["probabilities"]) - 1) < 1e-6 for r in rows)
     assert "logits" not in rows[0] and logits.shape == (6, 2)
+
+
+def test_the_serve_line_register_prints_serves_from_a_shell_without_the_venv(
+    registered: Path, tmp_path: Path
+) -> None:
+    """``register``'s ``serve it:`` line, pasted into a shell that has neither the venv on its
+    ``PATH`` (``uvicorn: not found`` otherwise) nor ``MLFLOW_TRACKING_URI``, serves the model."""
+    printed = (registered.parent / "register.log").read_text().splitlines()
+    (line,) = [x.removeprefix("serve it: ") for x in printed if x.startswith("serve it: ")]
+    x, _ = _table()
+    with served_line(line, tmp_path) as url:
+        labels, _ = answers(url, {"x": x[:3]})
+    assert labels == _graph_labels(registered, x[:3])
 
 
 def _versions(uri: str, name: str) -> list[Any]:
