@@ -20,6 +20,10 @@ Per space of the tables, three tables:
 
     python benchmarks/sampler_settings.py report                 # every file of the folder
     python benchmarks/sampler_settings.py report results/benchmarks/sampler_settings/x.jsonl
+    python benchmarks/sampler_settings.py report --png docs/img/regret   # and the figures
+
+``--png DIR`` also writes regret against trials as one PNG per K
+(``benchmarks/sampler_settings_figures.py``).
 """
 
 from __future__ import annotations
@@ -221,6 +225,13 @@ def main(argv: list[str] | None = None) -> None:
     """Prints the report of the given JSON-lines files (default: every file under OUT)."""
     parser = argparse.ArgumentParser(prog="sampler_settings.py report")
     parser.add_argument("files", nargs="*", help=f"JSON-lines files (default: {OUT}/*.jsonl)")
+    parser.add_argument("--png", type=Path, help="also write regret-xK.png figures here")
     args = parser.parse_args(argv)
     paths = [Path(f) for f in args.files] or sorted(OUT.glob("*.jsonl"))
-    print(report(read(paths)))
+    runs = read(paths)
+    print(report(runs))
+    if args.png:
+        from benchmarks.sampler_settings_figures import write
+
+        for path in write(runs, args.png):
+            print(f"wrote {path}")

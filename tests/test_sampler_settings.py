@@ -62,3 +62,29 @@ def test_the_report_counts_the_tables_by_both_measures_when_the_runs_hold_both()
     text = report(runs)
     assert "by the best config evaluated" not in text
     assert len(_within_rows(text)) == 1
+
+
+def test_the_figures_draw_each_contenders_median_curve_per_table_and_k(tmp_path) -> None:
+    from benchmarks.sampler_settings import PEER
+    from benchmarks.sampler_settings_figures import figure, write
+
+    runs = [_run(SEQUENTIAL, 1, s, -2.0, None) for s in range(3)]
+    for k in (1, 16):
+        runs += [_run("auto", k, s, -1.0 - s, None) for s in range(3)]  # median: seed 1's
+        runs += [_run(PEER, k, s, -0.5, None) for s in range(2)]
+    runs += [{**r, "task": "other"} for r in runs]
+    (ax, _) = figure(runs, 16).axes
+    lines = {line.get_label(): list(line.get_ydata()) for line in ax.get_lines()}
+    assert lines == {
+        "auto x16": [-2.0] * 25,
+        f"{PEER} x16": [-0.5] * 25,
+        "optuna-tpe, 1 at a time": [-2.0] * 25,
+    }
+    # at K = 1, Optuna's own TPE is sequential TPE: drawn once
+    assert {line.get_label() for line in figure(runs, 1).axes[0].get_lines()} == {
+        "auto x1",
+        "optuna-tpe, 1 at a time",
+    }
+    paths = write(runs, tmp_path / "png")
+    assert [p.name for p in paths] == ["regret-x1.png", "regret-x16.png"]
+    assert all(p.read_bytes()[:4] == b"\x89PNG" for p in paths)
