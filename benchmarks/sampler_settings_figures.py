@@ -22,8 +22,12 @@ from benchmarks.tables import TASKS
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-COLORS = {"auto": "C0", "tpe": "C1", "random": "C7", PEER: "C3", SEQUENTIAL: "k"}
-"""A contender's color, the same in every figure."""
+COLORS = {"random": "C7", "tpe": "C1", "auto": "C0", PEER: "C3", SEQUENTIAL: "k"}
+"""A contender's color, the same in every figure; drawn in this order, so that a line that
+coincides with an earlier one shows on top of it (the project's ``tpe`` pins Optuna's own
+defaults, so at K > 1 it is :data:`PEER`'s curve; at K = 1 ``auto`` and ``tpe`` are
+sequential TPE's), dotted or dashed."""
+STYLES = {PEER: ":", SEQUENTIAL: "--"}
 Curves = dict[str, dict[str, list[float]]]  # task -> contender -> median after each trial
 
 
@@ -66,16 +70,16 @@ def figure(runs: list[dict[str, Any]], k: int) -> Figure:
     FigureCanvasAgg(fig)
     for i, task in enumerate(tasks):
         ax = fig.add_subplot(rows, cols, i + 1)
-        for who in sorted(data[task], key=lambda w: (w == SEQUENTIAL, w)):
-            sequential = who == SEQUENTIAL
-            name = "optuna-tpe, 1 at a time" if sequential else f"{who} x{k}"
+        order = list(COLORS)
+        for who in sorted(data[task], key=lambda w: (order.index(w) if w in order else -1, w)):
+            name = "optuna-tpe, 1 at a time" if who == SEQUENTIAL else f"{who} x{k}"
             ax.plot(
                 range(1, len(data[task][who]) + 1),
                 data[task][who],
                 label=name,
                 color=COLORS.get(who),
-                linestyle="--" if sequential else "-",
-                linewidth=1.2,
+                linestyle=STYLES.get(who, "-"),
+                linewidth=1.6 if who == PEER else 1.2,
             )
         ax.set_title(task.rsplit("/", 1)[-1], fontsize=9)
         ax.tick_params(labelsize=7)
