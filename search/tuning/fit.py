@@ -28,6 +28,7 @@ from search.compute.gpu_rates import measure_rates
 from search.compute.job import trial_job
 from search.compute.placement import Placement, auto_packing, resolve
 from search.contract import RESERVED_PREFIX, declarations
+from search.contract.registry import declared_defaults
 from search.record.folders import study_folder
 from search.record.queries import EPOCHS_FILE, append_epochs, objective_curves, read_epochs
 from search.record.resume import earlier_curves
@@ -39,6 +40,14 @@ from search.tuning.actors import inherited_env
 from search.tuning.bridge import ErrorCallback, OptunaBridge, Outcome
 from search.tuning.fate import NUMBER
 from search.tuning.faults import DiskFault
+from search.tuning.fusion import (
+    Fusion,
+    leave_callback,
+    member_job,
+    member_placement,
+    start_hosts,
+    stop_hosts,
+)
 from search.tuning.moasha import MultiObjectiveASHA
 from search.tuning.oom import OOM_RETRIES, OomRetry
 from search.tuning.output import attach_output
@@ -91,6 +100,11 @@ def fit(
     if options.verbose == 0:  # trial errors reach the study and the console as one line each
         logging.getLogger("ray.tune").setLevel(logging.CRITICAL)
     placement = place(spec, data)
+    fusion: Fusion | None = None
+    hosts: list[Any] = []
+    if spec.resources.fuse:  # trials of one shape train as one model (search/tuning/fusion.py)
+        fusion, hosts = start_hosts(spec, placement, data, run_id)
+        placement = member_placement(placement, fusion)
     configure(study, placement.concurrency)  # an auto sampler's plan for K trials at once
     if options.progress and placement.note:
         print(placement.note, file=sys.stderr)
@@ -101,10 +115,17 @@ def fit(
     errors = ErrorCallback(bridge, ledger.disk, ledger.fail_fast.attempt)
     watchers = [errors, StopStragglers(ledger.stopped)]
     stopper = ledger.stopper
-    tuner = _tuner(spec, options, bridge, placement, data, stopper, budget, watchers, progress)
+    if fusion is not None:
+        watchers.append(leave_callback(fusion))
+    tuner = _tuner(
+        spec, options, bridge, placement, data, stopper, budget, watchers, progress, fusion
+    )
     places = [str(options.results_dir), spec.storage]  # where a full disk may be
-    with ledger.settling(storage, progress, places), untagged_callbacks(), inherited_env():
-        tuner.fit()
+    try:
+        with ledger.settling(storage, progress, places), untagged_callbacks(), inherited_env():
+            tuner.fit()
+    finally:
+        stop_hosts(hosts)
     return dict(bridge.finished.values()), ledger.verdict(), ledger.device_hours()
 
 
@@ -168,10 +189,11 @@ def _tuner(
     budget: int,
     watchers: list[Callback],
     progress: list[ProgressCallback],
+    fusion: Fusion | None = None,
 ) -> Any:
     """The Tune ``Tuner``: the trainable with its resources, ASHA (rungs refilled on a resume),
     the bridge as searcher, retries, and our callbacks (``watchers`` first, ``progress`` after
-    the stall watch)."""
+    the stall watch). With ``fusion``, each trial runs a member of a fused array."""
     from ray import tune
     from ray.tune.search import ConcurrencyLimiter
 
@@ -186,6 +208,8 @@ def _tuner(
     job = trial_job(spec, data, placement)
     if max_failures == 0:  # no retry would read a checkpoint: the trainable saves none
         job = replace(job, checkpoints=False)
+    if fusion is not None:
+        job = member_job(job, fusion, declared_defaults(spec.trainable) or {})
     trainable = tune.with_resources(
         tune.with_parameters(run_trial, job=job, data=data.ref), placement.ray_resources
     )

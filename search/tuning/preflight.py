@@ -28,6 +28,7 @@ from search.compute.data import DataError, loader_function
 from search.errors import SearchError, one_line
 from search.record.storage import expand, redact, with_driver
 from search.specs.knobs import check_builtin_knobs, check_user_trainable
+from search.tuning.fusion import refusal as fusion_refusal
 
 if TYPE_CHECKING:
     from search.specs.schema import StudySpec
@@ -279,6 +280,8 @@ def check_run(
     mistake costs no Ray start (:func:`search.specs.knobs.check_user_trainable`)."""
     if not check_builtin_knobs(spec, source):
         check_user_trainable(spec, source)
+    if (why := fusion_refusal(spec)) is not None:
+        raise PreflightError(why)
     check_data(spec, data_field)
     check_storage(spec.storage, storage_field)
     check_tracking(spec, f"{source}: tracking.mlflow")

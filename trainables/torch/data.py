@@ -47,7 +47,8 @@ def load_data(data: SearchDataset, ctx: TrialContext, train_fraction: float = 1.
 
 
 def to_tensors(data: SearchDataset, train_fraction: float = 1.0) -> Tensors:
-    """Scales ``data`` to [0, 1] and computes per-channel mean/std on the training split.
+    """Scales ``data`` to [0, 1] and computes per-channel mean/std on the training split, in
+    torch's default dtype (float32 unless the process set another, as an exactness test does).
 
     Args:
         data: The framework's dataset, inputs ``(n, C, H, W)``.
@@ -56,8 +57,9 @@ def to_tensors(data: SearchDataset, train_fraction: float = 1.0) -> Tensors:
     data = subsample(data, train_fraction)
     x_tr, y_tr = data.x_train, data.y_train
     scale = float(max(x_tr.max(), 1e-8))
-    x_train = torch.from_numpy(np.ascontiguousarray(x_tr, dtype=np.float32) / scale)
-    x_val = torch.from_numpy(np.ascontiguousarray(data.x_val, dtype=np.float32) / scale)
+    dtype = torch.get_default_dtype()  # float32 unless the process chose another
+    x_train = torch.from_numpy(np.ascontiguousarray(x_tr, dtype=np.float32) / scale).to(dtype)
+    x_val = torch.from_numpy(np.ascontiguousarray(data.x_val, dtype=np.float32) / scale).to(dtype)
     mean = x_train.mean(dim=(0, 2, 3))
     std = x_train.std(dim=(0, 2, 3)).clamp_min(1e-6)
     return Tensors(

@@ -105,7 +105,8 @@ def trial_tensors(
 
     The returned tensors' ``cached`` says which (the built-ins yield it as ``data_cached``).
     """
-    key = data_key(data, ctx.data_path, str(device), train_fraction, str(memory_format))
+    dtype = torch.get_default_dtype()
+    key = data_key(data, ctx.data_path, str(device), train_fraction, str(memory_format), str(dtype))
     if CACHE.key == key and CACHE.tensors is not None:
         CACHE.hits += 1
         return dataclasses.replace(CACHE.tensors, cached=True)

@@ -1,0 +1,80 @@
+"""A fused study through ``python -m search run`` (``resources.fuse: 4``, issue 44): every
+member is a trial of its own in the record, trained together with others, and its first
+epoch is what its trial trains alone (the same config and seed, unfused, in float32: the
+first epoch agrees to 1e-3, ``tests/test_fused.py`` says why not more)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from search.compute.data import load_data  # noqa: E402
+from search.contract import TrialContext  # noqa: E402
+from search.record.queries import read_epochs  # noqa: E402
+from search.specs.schema import parse_spec  # noqa: E402
+from tests.helpers import base_spec, cli, stored_study, write_spec  # noqa: E402
+from trainables.knobs import read_config  # noqa: E402
+from trainables.torch import cnn  # noqa: E402
+
+pytestmark = [pytest.mark.slow, pytest.mark.torch]
+
+
+def _spec(tmp_path: Path, **resources: Any) -> dict[str, Any]:
+    return base_spec(
+        tmp_path,
+        study="fused",
+        trainable="torch_cnn",
+        data={"name": "digits", "val_fraction": 0.2},
+        budget={"trials": 8, "max_epochs": 2},
+        asha={"grace_period": 1, "reduction_factor": 2},
+        resources={"cpus_per_trial": 1, **resources},
+        fixed={"channels": 4, "batch_size": 64, "optimizer": "adam"},
+        space={"lr": {"loguniform": [1e-3, 3e-2]}, "clip_norm": {"choice": [0.0, 1.0]}},
+    )
+
+
+def test_a_fused_study_records_every_member_as_its_own_trial(tmp_path: Path) -> None:
+    raw = _spec(tmp_path, fuse=4)
+    path = write_spec(tmp_path / "fused.yaml", raw)
+    proc = cli("run", str(path), "--results", str(tmp_path / "r"), timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "resources.fuse: 4 trials per array" in proc.stderr
+    study = stored_study(raw["storage"], "fused")
+    trials = study.trials
+    assert len(trials) == 8
+    assert {t.state.name for t in trials} <= {"COMPLETE", "PRUNED"}
+    for t in trials:  # one intermediate value per epoch it trained, from 1 on
+        assert sorted(t.intermediate_values) == list(range(1, len(t.intermediate_values) + 1))
+        assert t.state.name != "COMPLETE" or len(t.intermediate_values) == 2
+    epochs = read_epochs(tmp_path / "r" / "fused" / "epochs.csv")
+    together = [n for t in epochs.values() for n in t["array_members"].values()]
+    assert max(together) >= 2, "no epoch trained two members together"
+
+    spec, data = parse_spec(raw), load_data(parse_spec(raw).data)
+    for t in trials[:2]:  # the first epoch, unfused, with the trial's config and seed
+        cfg = read_config({**spec.fixed, **t.params}, cnn.DEFAULTS)
+        ctx = TrialContext(max_epochs=1, seed=spec.sampler.seed + t.number, num_threads=1)
+        (alone,) = list(cnn.train(cfg, data, ctx))
+        assert t.intermediate_values[1] == pytest.approx(alone["val_accuracy"], abs=3e-3)
+        assert epochs[t.number]["val_loss"][1] == pytest.approx(alone["val_loss"], rel=1e-3)
+
+
+def test_a_trainable_that_does_not_fuse_is_refused_in_one_line(tmp_path: Path) -> None:
+    raw = base_spec(tmp_path, resources={"fuse": 4})
+    proc = cli("run", str(write_spec(tmp_path / "s.yaml", raw)))
+    assert proc.returncode == 2
+    assert proc.stderr.count("\n") == 1, proc.stderr
+    assert "resources.fuse: trainable 'search.testing:curve' does not fuse" in proc.stderr
+    assert not (tmp_path / "optuna.db").exists()
+
+
+@pytest.mark.parametrize("value", [1, 2.5, "yes", 1000])
+def test_fuse_takes_off_or_a_number_of_trials(tmp_path: Path, value: Any) -> None:
+    proc = cli("run", str(write_spec(tmp_path / "s.yaml", _spec(tmp_path, fuse=value))))
+    assert proc.returncode == 2
+    assert proc.stderr.count("\n") == 1, proc.stderr
+    assert "resources.fuse" in proc.stderr and "expected off or a whole number" in proc.stderr
