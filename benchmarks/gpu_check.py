@@ -26,6 +26,12 @@ Without a GPU it says so and exits 0.
     python benchmarks/gpu_check.py --dry-run             # the same on this CPU, tiny
     python benchmarks/gpu_check.py --only digits --trials 64 --epochs 27
     python benchmarks/gpu_check.py --only tf --tf-trials 4   # the TensorFlow cap only
+    python benchmarks/gpu_check.py --only fused          # fused arrays of 1 to 32 members
+
+``--only fused`` (issue 44) measures one fused array of the digits CNN at 1, 4, 8, 16 and 32
+members against the same trials' epochs one after another on the GPU
+(:func:`benchmarks.fused.step_rates`), with SM activity metered over the whole of it; the
+dry run does 1 and 2 members on the CPU.
 """
 
 from __future__ import annotations
@@ -186,7 +192,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--epochs", type=int, default=9, help="epochs of --only digits")
     parser.add_argument("--tf-trials", type=int, default=4, help="trials of --only tf")
     parser.add_argument(
-        "--only", choices=("resnet", "digits", "tf"), default="resnet",
+        "--only", choices=("resnet", "digits", "tf", "fused"), default="resnet",
         help="resnet (default): the ResNet study; digits: auto on the CNN space; tf: TF's cap",
     )  # fmt: skip
     args = parser.parse_args(argv)
@@ -206,6 +212,8 @@ def main(argv: list[str] | None = None) -> None:
     result: dict[str, Any] = {"gpus": found, "dry_run": args.dry_run, "load": os.getloadavg()}
     if args.only == "resnet":
         result["resnet"] = resnet_check(found, out, args.dry_run, args.seconds)
+    elif args.only == "fused":
+        result["fused"] = fused_check(args.dry_run)
     else:
         from search.tuning.runner import init_ray
 
@@ -217,6 +225,17 @@ def main(argv: list[str] | None = None) -> None:
             result["tf_packed"] = tf_packed(args.tf_trials, tmp)
     (out / "gpu_check.json").write_text(json.dumps(result, indent=2, default=str))
     print(f"wrote {out / 'gpu_check.json'}")
+
+
+def fused_check(dry: bool) -> dict[str, Any]:
+    """Fused arrays against one trial after another on the GPU, SM activity metered."""
+    from benchmarks.fused import step_rates
+    from benchmarks.gpu_meter import Meter
+
+    meter = Meter()
+    meter.start()
+    rows = step_rates([1, 2] if dry else [1, 4, 8, 16, 32], "cpu" if dry else "cuda")
+    return {"rates": rows, "meter": meter.stop()}
 
 
 def resnet_check(found: list[str], out: Path, dry: bool, seconds: float | None) -> dict[str, Any]:

@@ -50,3 +50,20 @@ def test_the_dry_run_measures_every_contender_and_attaches_the_profile(tmp_path:
     study = optuna.load_study(study_name="gpu-check-auto", storage=f"sqlite:///{out}/optuna.db")
     trial0 = next(t for t in study.trials if t.number == 0)
     assert "profile-trial0.json" in attached(study)[trial0._trial_id]  # as the dashboard lists
+
+
+def test_the_fused_dry_run_measures_arrays_against_one_trial_after_another(
+    tmp_path: Path,
+) -> None:
+    out = tmp_path / "fused"
+    done = subprocess.run(
+        [sys.executable, "benchmarks/gpu_check.py", "--only", "fused", "--dry-run", "--out",
+         str(out)],
+        cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True,
+        timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    report = json.loads((out / "gpu_check.json").read_text())["fused"]
+    assert [r["members"] for r in report["rates"]] == [1, 2]
+    assert all(r["fused_images_per_s"] > 0 for r in report["rates"])
+    assert report["meter"]["source"]  # no NVML on this CPU: the meter says why
