@@ -1,7 +1,8 @@
 """search: hyperparameter search for deep learning on Ray Tune, Optuna and ASHA.
 
-The user's surface is this package's ``__all__`` and the module :mod:`search.keras`; every
-other module is internal and may move. A trainable needs nothing else::
+The user's surface is this package's ``__all__`` and the adapters :mod:`search.keras`,
+:mod:`search.lightning`, :mod:`search.hf` and :mod:`search.pytorch`; every other module is
+internal and may move. A trainable needs nothing else::
 
     from search import TrialContext, train_to_end, trainable, write_inputs
 
@@ -63,7 +64,7 @@ __all__ = [
 ]
 __version__ = "0.1.0"
 
-_ADAPTERS = ("hf", "keras", "lightning")
+_ADAPTERS = ("hf", "keras", "lightning", "pytorch")
 """The framework adapters, imported on first use: ``import search`` then
 ``search.lightning.fit(...)`` works, and ``import search`` loads none of their frameworks."""
 
@@ -73,7 +74,8 @@ _LAZY = {"run": "search.api", "load": "search.result", "SearchResult": "search.r
 
 
 def __getattr__(name: str) -> object:
-    """Imports :mod:`search.keras`, :mod:`search.lightning` or :mod:`search.hf`, or the
+    """Imports :mod:`search.keras`, :mod:`search.lightning`, :mod:`search.hf` or
+    :mod:`search.pytorch`, or the
     module of ``run``, ``load`` or ``SearchResult``, when first named (PEP 562)."""
     import importlib
 

@@ -31,7 +31,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("compute",),
     ("record",),
     ("specs",),
-    ("testing", "keras", "lightning", "hf"),
+    ("testing", "keras", "lightning", "hf", "pytorch"),
     ("__init__",),
     ("contract",),
     ("errors",),
@@ -40,7 +40,8 @@ LAYERS: list[tuple[str, ...]] = [
 the out-of-memory retry) and over ``record``, whose Optuna record it never needs; ``tuning`` and
 ``handover`` (confirmation runs, the final model, ``train``) build every trial's job and
 limits from it. ``testing`` holds deterministic trainables for tests (like optuna.testing);
-``keras`` and ``lightning`` adapt a user's ``model.fit`` / ``trainer.fit`` to the contract;
+``keras`` and ``lightning`` adapt a user's ``model.fit`` / ``trainer.fit`` to the contract,
+``pytorch`` a user's ``nn.Sequential`` to the built-ins' loop;
 ``__init__`` (the package root, ``search``) re-exports the public names from ``contract``;
 modules inside the package import them from ``contract``."""
 FORBIDDEN: dict[str, tuple[str, ...]] = {"compute": ("ray.tune",)}

@@ -78,3 +78,16 @@ def test_fuse_takes_off_or_a_number_of_trials(tmp_path: Path, value: Any) -> Non
     assert proc.returncode == 2
     assert proc.stderr.count("\n") == 1, proc.stderr
     assert "resources.fuse" in proc.stderr and "expected off or a whole number" in proc.stderr
+
+
+def test_a_users_own_sequential_model_runs_fused(tmp_path: Path) -> None:
+    """``examples/torch_fused``: a user's ``nn.Sequential`` through ``search.pytorch``, fused."""
+    storage = f"sqlite:///{tmp_path}/o.db"
+    args = ["run", "examples/torch_fused/space.yaml", "--trials", "6", "--max-epochs", "2"]
+    proc = cli(*args, "--storage", storage, "--results", str(tmp_path / "r"), timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    study = stored_study(storage, "digits-fused-mlp")
+    assert len(study.trials) == 6
+    assert {t.state.name for t in study.trials} <= {"COMPLETE", "PRUNED"}
+    epochs = read_epochs(tmp_path / "r" / "digits-fused-mlp" / "epochs.csv")
+    assert max(n for t in epochs.values() for n in t["array_members"].values()) >= 2

@@ -22,6 +22,7 @@ import search
 import search.hf
 import search.keras
 import search.lightning
+import search.pytorch
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -75,7 +76,13 @@ LIGHTNING = {
     "trainer_kwargs: 'Mapping[str, Any] | None' = None) -> 'Generator[Metrics, None, Any]'",
 }
 """:mod:`search.lightning`, the public module for Lightning users."""
-PUBLIC_MODULES = {"search", "search.keras", "search.lightning", "search.hf"}
+PYTORCH = {
+    "sequential": "(build: 'Callable[[Mapping[str, Any], Any], Any]', *, "
+    "defaults: 'Mapping[str, Any] | None' = None) -> 'Any'",
+    "standardize": "(tensors: 'Any') -> 'Any'",
+}
+""":mod:`search.pytorch`, the public module for a user's ``nn.Sequential`` (fusable)."""
+PUBLIC_MODULES = {"search", "search.keras", "search.lightning", "search.hf", "search.pytorch"}
 TRIAL_CONTEXT = [
     ("max_epochs", "int", dataclasses.MISSING),
     ("seed", "int", 0),
@@ -141,6 +148,11 @@ def test_a_lightning_function_keeps_its_signature(name: str) -> None:
     assert str(inspect.signature(getattr(search.lightning, name))) == LIGHTNING[name]
 
 
+@pytest.mark.parametrize("name", sorted(PYTORCH))
+def test_a_pytorch_function_keeps_its_signature(name: str) -> None:
+    assert str(inspect.signature(getattr(search.pytorch, name))) == PYTORCH[name]
+
+
 def test_trial_context_keeps_its_fields_types_and_defaults() -> None:
     fields = dataclasses.fields(search.TrialContext)
     assert [(f.name, str(f.type), f.default) for f in fields] == TRIAL_CONTEXT
@@ -183,12 +195,18 @@ def test_the_adapters_are_reached_from_import_search_alone() -> None:
     code = (
         "import sys, search; before = 'search.lightning' in sys.modules; "
         "print(before, search.lightning.fit.__module__, search.keras.fit.__module__, "
-        "search.hf.train.__module__)"
+        "search.hf.train.__module__, search.pytorch.sequential.__module__)"
     )
     out = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO
     )
-    assert out.stdout.split() == ["False", "search.lightning", "search.keras", "search.hf"]
+    assert out.stdout.split() == [
+        "False",
+        "search.lightning",
+        "search.keras",
+        "search.hf",
+        "search.pytorch",
+    ]
 
 
 def search_imports(path: Path) -> list[str]:
@@ -212,6 +230,7 @@ def private_imports(path: Path) -> list[str]:
     public |= {f"search.keras:{n}" for n in KERAS}
     public |= {f"search.hf:{n}" for n in HF}
     public |= {f"search.lightning:{n}" for n in LIGHTNING}
+    public |= {f"search.pytorch:{n}" for n in PYTORCH}
     return [name for name in search_imports(path) if name not in public]
 
 

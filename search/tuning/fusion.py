@@ -24,7 +24,8 @@ from typing import TYPE_CHECKING, Any
 
 from search.compute.placement import Placement, Share
 from search.contract import TrialContext, hand_over, trainable
-from search.contract.registry import declared_defaults
+from search.contract.registry import BUILTIN_KNOBS, declarations, declared_defaults
+from search.pytorch import FUSE_BUILD
 from search.tuning.fate import NUMBER
 from search.tuning.fusion_actor import HostActor
 
@@ -68,15 +69,27 @@ def refusal(spec: StudySpec) -> str | None:
     """
     if spec.resources.fuse is None:
         return None
-    if spec.trainable not in FUSABLE:
+    if builder(spec.trainable) is None:
         known = ", ".join(FUSABLE)
         return (
             f"resources.fuse: trainable {spec.trainable!r} does not fuse; expected one of "
-            f"{known}, or fuse: off"
+            f"{known}, a trainable made by search.pytorch.sequential, or fuse: off"
         )
     if (spec.resources.workers_per_trial or 1) > 1:
         return "resources.fuse: a fused array trains on one device; set workers_per_trial: 1"
     return None
+
+
+def builder(name: str) -> str | None:
+    """``module:function`` that builds one member's model for trainable ``name`` (a built-in
+    of :data:`FUSABLE`, or a trainable of :func:`search.pytorch.sequential`: imported), or
+    ``None`` when its trials do not fuse."""
+    if name in FUSABLE:
+        return FUSABLE[name]
+    if name in BUILTIN_KNOBS:
+        return None
+    found: str | None = getattr(declarations(name).train, FUSE_BUILD, None)
+    return found
 
 
 def start_hosts(
@@ -93,7 +106,7 @@ def start_hosts(
     held = placement.cpus_per_trial * placement.concurrency / count  # the unfused trials' CPUs
     cpus = max(MEMBER_CPUS, held - members * MEMBER_CPUS)  # and room for the members'
     threads = max(1, round(held))
-    build, knobs = FUSABLE[spec.trainable], dict(declared_defaults(spec.trainable) or {})
+    build, knobs = builder(spec.trainable), dict(declared_defaults(spec.trainable) or {})
     held_there = {"num_cpus": cpus, "num_gpus": 1 if gpus else 0}
     calls = 2 * members + 8  # every member's join, next and leave may wait on the host at once
     names, actors = [], []

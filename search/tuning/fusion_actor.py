@@ -30,8 +30,8 @@ class HostActor:
         threads: int,
         device: str,
     ) -> None:
-        make = resolve_function(host)
-        self.host = make(build_model, data, members, threads, device, defaults)
+        make, build = resolve_function(host), resolve_function(build_model)
+        self.host = make(build, data, members, threads, device, defaults)
 
     def join(self, number: int, config: dict[str, Any], seed: int, max_epochs: int) -> None:
         """A trial takes a slot (:meth:`trainables.torch.fused_host.Host.join`)."""

@@ -14,7 +14,8 @@ trains while holding it (one device trains one array at a time).
 
 Example (in one process, without Ray: two trials, one array):
     >>> from search.contract.dataset import load_digits
-    >>> host = Host("trainables.torch.cnn:build_model", load_digits(0.2, 0), slots=2)
+    >>> from trainables.torch.cnn import build_model
+    >>> host = Host(build_model, load_digits(0.2, 0), slots=2)
     >>> for number, lr in ((0, 1e-3), (1, 3e-3)):
     ...     host.join(number, {"channels": 4, "lr": lr}, seed=number, max_epochs=1)
     >>> import threading
@@ -31,14 +32,13 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from search import Dataset, Metrics, TrialContext
-from search.contract.registry import resolve_function
 from trainables.knobs import CNN_DEFAULTS, read_config
 from trainables.torch.fused_loop import FusedArray, fused_tensors, shape_key
 
@@ -65,7 +65,7 @@ class Host:
     """A device's fused arrays, for the trials that join it.
 
     Args:
-        build_model: ``module:function`` of the built-in's model builder.
+        build_model: The model builder, ``build_model(cfg, tensors)`` (an ``nn.Sequential``).
         data: The study's dataset (every member trains on it).
         slots: The most members of one array (``resources.fuse``).
         threads: CPU threads the host trains with.
@@ -75,7 +75,7 @@ class Host:
 
     def __init__(
         self,
-        build_model: str,
+        build_model: Callable[[Mapping[str, Any], Any], Any],
         data: Dataset,
         slots: int,
         threads: int = 1,
@@ -83,7 +83,7 @@ class Host:
         defaults: Mapping[str, Any] = CNN_DEFAULTS,
     ) -> None:
         torch.set_num_threads(max(1, threads))
-        self.build = resolve_function(build_model)
+        self.build = build_model
         self.tensors = fused_tensors(data, device)
         self.slots, self.defaults = slots, defaults
         self.groups: dict[tuple[tuple[str, str], ...], _Group] = {}
