@@ -50,7 +50,7 @@ SLOWEST_FIRST = (
     "test_tf_trainables.py",  # 50
     "test_outage.py",  # 46
     "test_quality.py",  # 45
-    "test_fused_run.py",  # 60 alone (2026-12-07): a fused study and five refused runs
+    "test_fused_run.py",  # 85 alone (2026-12-07): two fused studies and five refused runs
     "test_resume.py",  # 43
     "test_cluster.py",  # 41
     "test_sigterm.py",  # 38
