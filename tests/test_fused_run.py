@@ -16,7 +16,7 @@ from search.compute.data import load_data  # noqa: E402
 from search.contract import TrialContext  # noqa: E402
 from search.record.queries import read_epochs  # noqa: E402
 from search.specs.schema import parse_spec  # noqa: E402
-from tests.helpers import base_spec, cli, stored_study, write_spec  # noqa: E402
+from tests.helpers import REPO, base_spec, cli, stored_study, write_spec  # noqa: E402
 from trainables.knobs import read_config  # noqa: E402
 from trainables.torch import cnn  # noqa: E402
 
@@ -91,3 +91,20 @@ def test_a_users_own_sequential_model_runs_fused(tmp_path: Path) -> None:
     assert {t.state.name for t in study.trials} <= {"COMPLETE", "PRUNED"}
     epochs = read_epochs(tmp_path / "r" / "digits-fused-mlp" / "epochs.csv")
     assert max(n for t in epochs.values() for n in t["array_members"].values()) >= 2
+
+
+def test_on_two_gpus_each_gpu_has_a_host_and_each_member_records_its_gpu(tmp_path: Path) -> None:
+    """Ray's logical GPUs (``SEARCH_NUM_GPUS``, as the placement tests run): one host per
+    GPU; each member's process holds a sliver of one GPU and joins that GPU's host, so the
+    trial's ``device`` is the GPU it trained on."""
+    import os
+
+    raw = _spec(tmp_path, fuse=4, gpus_per_trial=0.5)
+    path = write_spec(tmp_path / "fused.yaml", raw)
+    env = {**os.environ, "PYTHONPATH": str(REPO), "SEARCH_NUM_GPUS": "2", "SEARCH_NUM_CPUS": "4"}
+    proc = cli("run", str(path), "--results", str(tmp_path / "r"), timeout=600, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "resources.fuse: 4 trials per array, 2 host(s)" in proc.stderr
+    study = stored_study(raw["storage"], "fused")
+    devices = {t.user_attrs["device"] for t in study.trials}
+    assert devices == {"cuda (0)", "cuda (1)"}, devices

@@ -40,19 +40,45 @@ FUSABLE: dict[str, str] = {"torch_cnn": "trainables.torch.cnn:build_model"}
 """The built-ins whose trials fuse, and their model builders."""
 HOST = "trainables.torch.fused_host:Host"
 MEMBER_CPUS = 0.01
-"""What one member's process holds in Ray: it only waits on its host."""
+"""What one member's process holds in Ray: it only waits on its host (and on a GPU the
+sliver of :func:`member_share`)."""
 
 
 @dataclass(frozen=True)
 class Fusion:
-    """The run's hosts: their actor names and how many members each trains at once."""
+    """The run's hosts: their actor names, how many members each trains at once, the GPU
+    share each member's process holds (0 on CPUs: :func:`member_share`), and on GPUs which
+    host trains on which of Ray's GPU ids."""
 
     hosts: tuple[str, ...]
     members: int
+    member_gpus: float = 0.0
+    by_gpu: tuple[tuple[str, str], ...] = ()
 
-    def host_for(self, number: int) -> str:
-        """The host a trial joins: trials spread over the hosts by their number."""
+    def host_for(self, number: int, gpu_ids: list[Any] | tuple[Any, ...] = ()) -> str:
+        """The host a trial joins: the one on the GPU Ray gave the trial's process (so the
+        trial records the GPU it trains on), else by the trial's number.
+
+        Example:
+            >>> fusion = Fusion(("h0", "h1"), 4, 0.01, (("3", "h1"), ("5", "h0")))
+            >>> fusion.host_for(0, [3]), fusion.host_for(0), fusion.host_for(1)
+            ('h1', 'h0', 'h1')
+        """
+        hosts = dict(self.by_gpu)
+        if gpu_ids and str(gpu_ids[0]) in hosts:
+            return hosts[str(gpu_ids[0])]
         return self.hosts[number % len(self.hosts)]
+
+
+def member_share(members: int) -> float:
+    """The GPU share of one member's process on a GPU (its host holds the rest of the GPU):
+    Ray then puts the member on its host's GPU and the trial records that GPU.
+
+    Example:
+        >>> member_share(8), member_share(200)
+        (0.01, 0.0025)
+    """
+    return round(min(0.01, 0.5 / members), 4)
 
 
 def refusal(spec: StudySpec) -> str | None:
@@ -107,16 +133,20 @@ def start_hosts(
     cpus = max(MEMBER_CPUS, held - members * MEMBER_CPUS)  # and room for the members'
     threads = max(1, round(held))
     build, knobs = builder(spec.trainable), dict(declared_defaults(spec.trainable) or {})
-    held_there = {"num_cpus": cpus, "num_gpus": 1 if gpus else 0}
+    share = member_share(members) if gpus else 0.0
+    held_there = {"num_cpus": cpus, "num_gpus": 1 - members * share if gpus else 0}
     calls = 2 * members + 8  # every member's join, next and leave may wait on the host at once
-    names, actors = [], []
+    names: list[str] = []
+    actors: list[Any] = []
     for i in range(count):
         name = f"search-fuse-{run_id}-{i}"
         host = ray.remote(HostActor).options(name=name, max_concurrency=calls, **held_there)
         device = "cuda" if gpus else "cpu"
         actors.append(host.remote(HOST, build, knobs, data.ref, members, threads, device))
         names.append(name)
-    return Fusion(tuple(names), members), actors
+    on = ray.get([actor.gpu.remote() for actor in actors]) if gpus else [None] * count
+    by_gpu = tuple((str(g), n) for g, n in zip(on, names, strict=True) if g is not None)
+    return Fusion(tuple(names), members, share, by_gpu), actors
 
 
 def stop_hosts(actors: list[Any]) -> None:
@@ -133,7 +163,7 @@ def member_placement(placement: Placement, fusion: Fusion) -> Placement:
     return dataclasses.replace(
         placement,
         cpus_per_trial=MEMBER_CPUS,
-        gpus_per_trial=0.0,
+        gpus_per_trial=fusion.member_gpus,
         concurrency=fusion.members * len(fusion.hosts),
         num_threads=1,
         memory_fraction=None,
@@ -160,7 +190,10 @@ def member_trainable(fusion: Fusion, defaults: Mapping[str, Any]) -> Any:
     def fused_member(
         config: Mapping[str, Any], data: Any, ctx: TrialContext
     ) -> Iterator[dict[str, float]]:
-        yield from _member(fusion.host_for(ctx.trial_number), config, ctx)
+        import ray
+
+        host = fusion.host_for(ctx.trial_number, ray.get_gpu_ids())
+        yield from _member(host, config, ctx)
 
     return fused_member
 
@@ -194,8 +227,8 @@ def leave_callback(fusion: Fusion) -> Any:
             import ray
 
             number = trial.config.get(NUMBER)
-            if number is not None:
-                ray.get_actor(fusion.host_for(int(number))).leave.remote(int(number))
+            for name in fusion.hosts if number is not None else ():  # leave where it sat
+                ray.get_actor(name).leave.remote(int(number))
 
         def on_trial_complete(
             self, iteration: int, trials: list[Trial], trial: Trial, **info: Any

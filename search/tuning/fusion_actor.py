@@ -33,6 +33,13 @@ class HostActor:
         make, build = resolve_function(host), resolve_function(build_model)
         self.host = make(build, data, members, threads, device, defaults)
 
+    def gpu(self) -> str | None:
+        """The GPU id Ray gave this host (``None`` on CPUs)."""
+        import ray
+
+        ids = ray.get_gpu_ids()
+        return str(ids[0]) if ids else None
+
     def join(self, number: int, config: dict[str, Any], seed: int, max_epochs: int) -> None:
         """A trial takes a slot (:meth:`trainables.torch.fused_host.Host.join`)."""
         self.host.join(number, config, seed, max_epochs)

@@ -30,6 +30,7 @@ Example (in one process, without Ray: two trials, one array):
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -83,6 +84,10 @@ class Host:
         defaults: Mapping[str, Any] = CNN_DEFAULTS,
     ) -> None:
         torch.set_num_threads(max(1, threads))
+        if device == "cuda" and not torch.cuda.is_available():  # a logical GPU of Ray's
+            print("the fused host holds a GPU of Ray's, but PyTorch sees no CUDA device: "
+                  "training on the CPU", file=sys.stderr)  # fmt: skip
+            device = "cpu"
         self.build = build_model
         self.tensors = fused_tensors(data, device)
         self.slots, self.defaults = slots, defaults
