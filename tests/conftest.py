@@ -3,6 +3,7 @@ a real PostgreSQL server, a tabular model in ONNX. Plain helpers are in ``tests/
 
 from __future__ import annotations
 
+import linecache
 import os
 import random
 import secrets
@@ -35,6 +36,32 @@ try:  # torchvision must be imported before TensorFlow: the other order segfault
     import torchvision  # noqa: F401
 except ImportError:  # a run without the torch extra still collects the framework's tests
     pass
+
+
+def _checkcache(filename: str | None = None) -> None:
+    """``linecache.checkcache`` as the standard library's, but an entry removed while it
+    runs is skipped. SQLAlchemy removes the entries of its generated code from a weakref
+    finalizer, which the garbage collector may run in the middle of the stdlib's loop; every
+    doctest's set-up (pdb's ``reset``) runs that loop, and CI once failed a doctest there
+    with ``KeyError: '<sqlalchemy generated __init__ for class ...>'``. Set for every test
+    process (this file loads before any test of ``tests/`` or ``search/`` runs)."""
+    cache = linecache.cache
+    names = list(cache) if filename is None else [filename] if filename in cache else []
+    for name in names:
+        entry = cache.get(name)
+        if entry is None or len(entry) == 1 or entry[1] is None:
+            continue  # gone meanwhile, lazy, or not from a file
+        size, mtime, _, fullname = entry
+        try:
+            stat = os.stat(fullname)
+        except OSError:
+            cache.pop(name, None)
+            continue
+        if size != stat.st_size or mtime != stat.st_mtime:
+            cache.pop(name, None)
+
+
+linecache.checkcache = _checkcache
 
 
 SLOWEST_FIRST = (
