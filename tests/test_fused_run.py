@@ -73,11 +73,11 @@ def test_a_trainable_that_does_not_fuse_is_refused_in_one_line(tmp_path: Path) -
 
 
 @pytest.mark.parametrize("value", [1, 2.5, "yes", 1000])
-def test_fuse_takes_off_or_a_number_of_trials(tmp_path: Path, value: Any) -> None:
+def test_fuse_takes_auto_off_or_a_number_of_trials(tmp_path: Path, value: Any) -> None:
     proc = cli("run", str(write_spec(tmp_path / "s.yaml", _spec(tmp_path, fuse=value))))
     assert proc.returncode == 2
     assert proc.stderr.count("\n") == 1, proc.stderr
-    assert "resources.fuse" in proc.stderr and "expected off or a whole number" in proc.stderr
+    assert "resources.fuse" in proc.stderr and "expected auto, off or a whole number" in proc.stderr
 
 
 def test_a_users_own_sequential_model_runs_fused(tmp_path: Path) -> None:

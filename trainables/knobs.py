@@ -91,6 +91,15 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "memory_format": ("auto", "channels_last", "contiguous"),
 }
 
+FUSED_PER_MEMBER: tuple[str, ...] = (
+    "lr", "weight_decay", "momentum", "l1", "clip_norm", "clip_value", "lr_scheduler",
+    "step_size", "gamma", "early_stopping_patience", "early_stopping_min_delta",
+    "label_smoothing",
+)  # fmt: skip
+"""The knobs members of one fused array may differ in (``trainables/torch/fused_loop.py``);
+every other knob fixes the array's shape. Here, framework-free, so the driver's
+``fuse: auto`` reads which of a space's parameters split an array without importing torch."""
+
 PLATEAU_PATIENCE = 2
 """Epochs without val_loss improvement before ``plateau`` multiplies the lr by ``gamma``."""
 

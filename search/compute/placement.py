@@ -262,6 +262,7 @@ class Placement:
     packing: Packing | None = None
     total_gpu_bytes: int | None = None
     note: str = ""
+    rates: tuple[tuple[int, float], ...] = ()  # auto's images/s by trials at once on one GPU
 
     @property
     def ray_resources(self) -> dict[str, float]:
@@ -350,6 +351,7 @@ def resolve(
             memory_fraction=packing.memory_fraction,
             packing=packing,
             total_gpu_bytes=measured.total_bytes if measured else None,
+            rates=measured.rates if measured else (),
             note=(
                 f"gpus_per_trial auto: {why}; {packing.trials_per_gpu} trial(s) per GPU on "
                 f"{gpus:g} GPU(s), {concurrency} at once"

@@ -193,8 +193,9 @@ class ResourcesSpec(_Strict):
     PyTorch, ``MirroredStrategy`` replicas for TensorFlow); defaults to ``gpus_per_trial`` when
     that is 2 or more; on CPUs it forces gloo processes, or logical CPU devices for TF.
     ``memory_headroom``: share added to the measured peak memory when ``auto`` packs.
-    ``fuse``: ``off`` (the default) or N, the most trials of one shape that train together
-    as one model on one device (:mod:`search.tuning.fusion`).
+    ``fuse``: ``auto`` (the default), ``off`` or N, the most trials of one shape that train
+    together as one model on one device (:mod:`search.tuning.fusion`); ``auto`` fuses where a
+    short measurement on the run's GPU shows it pays (:mod:`search.tuning.fusion_auto`).
     """
 
     cpus_per_trial: float | None = Field(None, gt=0)
@@ -202,16 +203,18 @@ class ResourcesSpec(_Strict):
     max_concurrent: int | None = Field(None, ge=1)
     workers_per_trial: int | None = Field(None, ge=1, le=64)
     memory_headroom: float = Field(0.25, ge=0.0, le=4.0)
-    fuse: int | None = None
+    fuse: int | Literal["auto"] | None = "auto"
 
     @field_validator("fuse", mode="before")
     @classmethod
     def _fuse(cls, value: Any) -> Any:
-        if value is None or value == "off" or value is False:
+        if value == "off" or value is False:
             return None
+        if value is None or value == "auto":
+            return "auto" if value == "auto" else None
         if isinstance(value, bool) or not isinstance(value, int) or not 2 <= value <= 256:
             raise ValueError(
-                f"expected off or a whole number of trials from 2 to 256, got {value!r}"
+                f"expected auto, off or a whole number of trials from 2 to 256, got {value!r}"
             )
         return value
 

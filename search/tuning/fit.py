@@ -48,6 +48,7 @@ from search.tuning.fusion import (
     start_hosts,
     stop_hosts,
 )
+from search.tuning.fusion_auto import decide_fuse
 from search.tuning.moasha import MultiObjectiveASHA
 from search.tuning.oom import OOM_RETRIES, OomRetry
 from search.tuning.output import attach_output
@@ -100,14 +101,16 @@ def fit(
     if options.verbose == 0:  # trial errors reach the study and the console as one line each
         logging.getLogger("ray.tune").setLevel(logging.CRITICAL)
     placement = place(spec, data)
+    fuse = decide_fuse(spec, placement, data)  # resources.fuse: auto decides here
     fusion: Fusion | None = None
     hosts: list[Any] = []
-    if spec.resources.fuse:  # trials of one shape train as one model (search/tuning/fusion.py)
-        fusion, hosts = start_hosts(spec, placement, data, run_id)
+    if fuse.members:  # trials of one shape train as one model (search/tuning/fusion.py)
+        fusion, hosts = start_hosts(spec, placement, data, run_id, fuse.members)
         placement = member_placement(placement, fusion)
     configure(study, placement.concurrency)  # an auto sampler's plan for K trials at once
-    if options.progress and placement.note:
-        print(placement.note, file=sys.stderr)
+    for line in (fuse.line, placement.note) if options.progress else ():
+        if line:
+            print(line, file=sys.stderr)
     ledger = StopLedger(spec, budget, options.source, termination)
     bridge = _bridge(spec, options, study, run_id, ledger, listeners, fence)
     ledger.attach(bridge, placement)

@@ -1,4 +1,5 @@
-"""Fused trial arrays in a run (``resources.fuse: N``): trials of one shape train as one model.
+"""Fused trial arrays in a run (``resources.fuse``: N or ``auto``): trials of one shape train
+as one model.
 
 Each trial stays a Ray Tune trial: the bridge, ASHA, the record and the console see it as
 today. What changes is what its process runs. Instead of the built-in, a light member
@@ -93,7 +94,7 @@ def refusal(spec: StudySpec) -> str | None:
         >>> refusal(spec)[:60]
         "resources.fuse: trainable 'search.testing:curve' does not fu"
     """
-    if spec.resources.fuse is None:
+    if spec.resources.fuse in (None, "auto"):  # auto fuses only what fuses
         return None
     if builder(spec.trainable) is None:
         known = ", ".join(FUSABLE)
@@ -119,14 +120,13 @@ def builder(name: str) -> str | None:
 
 
 def start_hosts(
-    spec: StudySpec, placement: Placement, data: SharedData, run_id: str
+    spec: StudySpec, placement: Placement, data: SharedData, run_id: str, members: int
 ) -> tuple[Fusion, list[Any]]:
-    """Starts one host per device, each holding what ``placement``'s trials would have held
-    together on it; returns the run's :class:`Fusion` and the actors (kept by the driver:
-    they end with it)."""
+    """Starts one host per device for arrays of up to ``members`` trials, each holding what
+    ``placement``'s trials would have held together on it; returns the run's :class:`Fusion`
+    and the actors (kept by the driver: they end with it)."""
     import ray
 
-    members = int(spec.resources.fuse or 1)
     gpus = int(ray.cluster_resources().get("GPU", 0)) if placement.gpus_per_trial else 0
     count = max(1, gpus)
     held = placement.cpus_per_trial * placement.concurrency / count  # the unfused trials' CPUs

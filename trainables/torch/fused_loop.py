@@ -47,16 +47,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from search import Dataset, Metrics, TrialContext
+from trainables.knobs import FUSED_PER_MEMBER
 from trainables.torch.common import EarlyStopping, autocast, build_scheduler, set_seed
 from trainables.torch.data import Tensors, to_tensors
 from trainables.torch.fused import FusedSequential, MemberOptimizer, clip_members
 from trainables.torch.loop import batches
 
-PER_MEMBER = (
-    "lr", "weight_decay", "momentum", "l1", "clip_norm", "clip_value", "lr_scheduler",
-    "step_size", "gamma", "early_stopping_patience", "early_stopping_min_delta",
-    "label_smoothing",
-)  # fmt: skip
+PER_MEMBER = FUSED_PER_MEMBER
 """The config keys members of one array may differ in; every other key fixes its shape."""
 EVAL_BATCH = 512
 
@@ -234,6 +231,25 @@ class FusedArray:
             out[k] = self._finish(k, totals, seen, val, lrs[k], elapsed)
             out[k]["array_members"] = float(len(running))
         return out
+
+    def train_steps(self, steps: int) -> int:
+        """Trains ``steps`` batches of every running member, epochs rolling over, without
+        metrics or schedules' epoch ends: what ``fuse: auto``'s probe times
+        (``trainables/torch/fused_rates.py``). Returns the images trained, over all members."""
+        running = self.running()
+        active = torch.zeros(self.k, dtype=torch.bool)
+        active[running] = True
+        self._columns = {}
+        self.model.train()
+        images = 0
+        while steps > 0:
+            for xb, yb in self._steps(running):
+                self._step(xb, yb, active)
+                images += yb.shape[0] * yb.shape[1]
+                steps -= 1
+                if steps <= 0:
+                    break
+        return images
 
     def _step(
         self, xb: torch.Tensor, yb: torch.Tensor, active: torch.Tensor
