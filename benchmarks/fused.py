@@ -41,8 +41,14 @@ REPO = Path(__file__).resolve().parents[1]
 OUT = REPO / "results" / "benchmarks"
 
 
-def spec(trials: int, epochs: int, seed: int, fuse: int | None, folder: Path) -> dict[str, Any]:
-    """The study, with ``fuse`` trials per array (``None``: off)."""
+def spec(
+    trials: int, epochs: int, seed: int, fuse: int | str | None, folder: Path, gpus: Any = None
+) -> dict[str, Any]:
+    """The study, with ``fuse`` trials per array (``None``: off; ``auto``: its decision), and
+    ``gpus`` as ``gpus_per_trial`` where given."""
+    resources: dict[str, Any] = {"cpus_per_trial": 1, "fuse": fuse if fuse else "off"}
+    if gpus is not None:
+        resources["gpus_per_trial"] = gpus
     return {
         "study": "fused-bench",
         "trainable": "torch_cnn",
@@ -52,7 +58,7 @@ def spec(trials: int, epochs: int, seed: int, fuse: int | None, folder: Path) ->
         "asha": {"grace_period": 1, "reduction_factor": 3},
         "sampler": {"name": "auto", "seed": seed},
         "storage": f"sqlite:///{folder}/optuna.db",
-        "resources": {"cpus_per_trial": 1, "fuse": fuse if fuse else "off"},
+        "resources": resources,
         "fixed": {"channels": 16, "batch_size": 64, "optimizer": "sgd", "num_workers": 0},
         "space": {
             "lr": {"loguniform": [1e-3, 3e-1]},
@@ -63,17 +69,34 @@ def spec(trials: int, epochs: int, seed: int, fuse: int | None, folder: Path) ->
     }
 
 
-def run_cold(trials: int, epochs: int, seed: int, fuse: int | None) -> dict[str, Any]:
-    """One cold run; its wall time and what its study holds."""
+DECISIONS = ("fuse auto:", "gpus_per_trial auto:", "resources.fuse:")
+"""The run's decision lines, kept with its row."""
+
+
+def run_cold(
+    trials: int,
+    epochs: int,
+    seed: int,
+    fuse: int | str | None,
+    gpus: Any = None,
+    env: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    """One cold run; its wall time, what its study holds and its decision lines (``env``:
+    added to this process's environment, e.g. ``RAY_ADDRESS`` or ``CUDA_VISIBLE_DEVICES``)."""
+    import os
+
     import optuna
 
     with tempfile.TemporaryDirectory(prefix="fused-bench-") as tmp:
         folder = Path(tmp)
         path = folder / "spec.yaml"
-        path.write_text(yaml.safe_dump(spec(trials, epochs, seed, fuse, folder)))
+        path.write_text(yaml.safe_dump(spec(trials, epochs, seed, fuse, folder, gpus)))
         command = [sys.executable, "-m", "search", "run", str(path), "--results", str(folder)]
         start = time.perf_counter()
-        proc = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=3600)
+        proc = subprocess.run(
+            command, cwd=REPO, capture_output=True, text=True, timeout=3600,
+            env={**os.environ, "PYTHONPATH": str(REPO), **(env or {})},
+        )  # fmt: skip
         wall = time.perf_counter() - start
         if proc.returncode != 0:
             raise SystemExit(f"error: {' '.join(command)} exited {proc.returncode}:\n{proc.stderr}")
@@ -81,14 +104,17 @@ def run_cold(trials: int, epochs: int, seed: int, fuse: int | None) -> dict[str,
         done = [t for t in study.trials if t.state.name in ("COMPLETE", "PRUNED")]
         epochs_trained = sum(len(t.intermediate_values) for t in study.trials)
         best = max((v for t in done for v in t.intermediate_values.values()), default=0.0)
+    lines = [x for x in proc.stderr.splitlines() if x.startswith(DECISIONS)]
     return {
-        "contender": f"fuse {fuse}" if fuse else "fuse off",
+        "contender": (f"fuse {fuse}" if fuse else "fuse off")
+        + (f", gpus_per_trial {gpus}" if gpus is not None else ""),
         "seed": seed,
         "wall_s": round(wall, 2),
         "trials": len(done),
         "trials_per_hour": round(3600 * len(done) / wall, 1),
         "epochs_per_s": round(epochs_trained / wall, 3),
         "best_val_accuracy": round(best, 4),
+        "decisions": lines,
     }
 
 

@@ -30,8 +30,11 @@ Without a GPU it says so and exits 0.
 
 ``--only fused`` (issue 44) measures one fused array of the digits CNN at 1, 4, 8, 16 and 32
 members against the same trials' epochs one after another on the GPU
-(:func:`benchmarks.fused.step_rates`), with SM activity metered over the whole of it; the
-dry run does 1 and 2 members on the CPU.
+(:func:`benchmarks.fused.step_rates`), with SM activity metered over the whole of it; then
+the digits study at a fixed shape (64 trials x 9 epochs) cold from the command line as
+``fuse: auto`` (with the decision line it printed), as packed processes (``fuse: off``,
+``gpus_per_trial: auto``) and one trial per GPU. The dry run does 1 and 2 members on the
+CPU and the first two studies at 4 trials x 2 epochs on one logical GPU.
 """
 
 from __future__ import annotations
@@ -228,14 +231,24 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def fused_check(dry: bool) -> dict[str, Any]:
-    """Fused arrays against one trial after another on the GPU, SM activity metered."""
-    from benchmarks.fused import step_rates
+    """Fused arrays against one trial after another on the GPU, SM activity metered; then the
+    same digits study cold from the command line three ways: ``fuse: auto`` (its decision
+    line kept), the trials as packed processes (``fuse: off``, ``gpus_per_trial: auto``) and
+    one trial per GPU. The dry run joins one local Ray of a logical GPU, at a tiny budget."""
+    from benchmarks.fused import run_cold, step_rates
     from benchmarks.gpu_meter import Meter
 
     meter = Meter()
     meter.start()
     rows = step_rates([1, 2] if dry else [1, 4, 8, 16, 32], "cpu" if dry else "cuda")
-    return {"rates": rows, "meter": meter.stop()}
+    env = dry_ray() if dry else {"CUDA_VISIBLE_DEVICES": "0"}
+    trials, epochs = (4, 2) if dry else (64, 9)
+    studies = []
+    contenders: list[tuple[Any, Any]] = [("auto", "auto"), (None, "auto"), (None, 1)]
+    for fuse, gpus in contenders[:2] if dry else contenders:  # one per GPU: placement's tests
+        studies.append(run_cold(trials, epochs, 0, fuse, gpus, env))
+        print(studies[-1], flush=True)
+    return {"rates": rows, "studies": studies, "meter": meter.stop()}
 
 
 def resnet_check(found: list[str], out: Path, dry: bool, seconds: float | None) -> dict[str, Any]:

@@ -67,3 +67,9 @@ def test_the_fused_dry_run_measures_arrays_against_one_trial_after_another(
     assert [r["members"] for r in report["rates"]] == [1, 2]
     assert all(r["fused_images_per_s"] > 0 for r in report["rates"])
     assert report["meter"]["source"]  # no NVML on this CPU: the meter says why
+    auto, packed = report["studies"]
+    assert [s["trials"] for s in report["studies"]] == [4, 4]
+    assert any(line.startswith("fuse auto: ") for line in auto["decisions"]), auto
+    assert "images/s of one array by members" in " ".join(auto["decisions"])  # it measured
+    assert any(line.startswith("gpus_per_trial auto: ") for line in packed["decisions"])
+    assert packed["contender"] == "fuse off, gpus_per_trial auto" and packed["epochs_per_s"] > 0
