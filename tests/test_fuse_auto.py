@@ -54,9 +54,10 @@ def test_what_auto_decides_without_measuring(tmp_path: Path) -> None:
     varied = _spec(tmp_path, {"lr": {"uniform": [0.001, 0.1]},
                               "batch_size": {"choice": [32, 64]},
                               "optimizer": {"choice": ["sgd", "adam"]}})  # fmt: skip
+    # the optimizer is a member's own (trainables/torch/fused.py); the batch size splits
     split = decided({**varied, "fixed": {"channels": 4}})
     assert split.members is None
-    assert split.line.startswith("fuse auto: off: the space varies batch_size, optimizer")
+    assert split.line.startswith("fuse auto: off: the space varies batch_size, each")
     on_cpus = decided(_spec(tmp_path), CPUS)
     assert on_cpus.members is None and on_cpus.line.startswith("fuse auto: off on CPUs")
     fp16 = decided({**_spec(tmp_path), "fixed": {"channels": 4, "precision": "fp16"}})

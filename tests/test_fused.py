@@ -106,6 +106,28 @@ def test_each_member_learns_the_curve_it_learns_alone(digits: Dataset, optimizer
     assert len({round(c[-1]["val_loss"], 6) for c in curves.values()}) == 3
 
 
+@pytest.mark.usefixtures("float64")
+def test_members_of_three_optimizer_families_share_an_array_and_learn_their_own_curves(
+    digits: Dataset,
+) -> None:
+    """``optimizer`` is a per-member knob: SGD with momentum, Adam and AdamW in one array,
+    each with its own state (a slot refilled with another family starts its own)."""
+    cfgs = [_cfg(family, m) for family, m in zip(["sgd", "adam", "adamw"], MEMBERS, strict=True)]
+    assert len({shape_key(c) for c in cfgs}) == 1
+    newcomer = _cfg("sgd", {"lr": 2e-3, "momentum": 0.5, "weight_decay": 1e-4})
+
+    def refill_slot_2(array: FusedArray, n: int, curves: dict[int, list[Any]]) -> None:
+        if n == 1:  # the AdamW trial was pruned: an SGD trial takes its slot
+            curves[2].append("pruned")
+            array.assign(2, newcomer, TrialContext(max_epochs=EPOCHS, seed=98))
+
+    curves = fused(cfgs, digits, [41, 42, 43], before_epoch=refill_slot_2)
+    assert_same(curves[0], alone(cfgs[0], digits, 41))
+    assert_same(curves[1], alone(cfgs[1], digits, 42))
+    assert_same(curves[2][:1], alone(cfgs[2], digits, 43)[:1])
+    assert_same(curves[2][2:], alone(newcomer, digits, 98))
+
+
 def test_in_float32_the_first_epoch_agrees_to_rounding(digits: Dataset) -> None:
     cfgs = [_cfg("adam", m) for m in MEMBERS]
     curves = fused(cfgs, digits, [1, 2, 3])

@@ -172,16 +172,20 @@ def per_member(p: torch.Tensor, k: int) -> torch.Tensor:
 
 class MemberOptimizer:
     """SGD with momentum, Adam (coupled L2) or AdamW (decoupled decay) over fused parameters,
-    with each member's ``lr``, ``weight_decay`` and ``momentum`` (``(K,)`` tensors, set before
-    each step, so a per-member schedule only writes ``lr``); Adam's betas and eps are torch's.
+    each member its own family (``families``, set per slot), with each member's ``lr``,
+    ``weight_decay`` and ``momentum`` (``(K,)`` tensors, set before each step, so a
+    per-member schedule only writes ``lr``); Adam's betas and eps are torch's.
 
     The arithmetic is ``torch.optim``'s for one tensor (its ``foreach``-free path), so a
-    member's update equals its unfused trial's to float rounding. :meth:`reset` clears a
-    slot's state when a new trial takes it.
+    member's update equals its unfused trial's to float rounding. An array of several
+    families computes each family's update for the members of that family only (SGD's
+    momentum buffer and Adam's moments are separate state). :meth:`reset` clears a slot's
+    state when a new trial takes it.
     """
 
-    def __init__(self, params: list[nn.Parameter], family: str, k: int) -> None:
-        self.params, self.family, self.k = params, family, k
+    def __init__(self, params: list[nn.Parameter], family: str | list[str], k: int) -> None:
+        self.params, self.k = params, k
+        self.families = [family] * k if isinstance(family, str) else list(family)
         self.lr = torch.zeros(k, dtype=torch.float64)  # cast to each parameter's dtype
         self.weight_decay = torch.zeros(k, dtype=torch.float64)
         self.momentum = torch.zeros(k, dtype=torch.float64)
@@ -199,11 +203,16 @@ class MemberOptimizer:
     def _col(self, values: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
         return values.to(p.device, p.dtype).view(self.k, *([1] * (p.dim() - 1)))
 
+    def _members(self, *families: str) -> torch.Tensor:
+        return torch.tensor([f in families for f in self.families])
+
     @torch.no_grad()
     def step(self, active: torch.Tensor) -> None:
         """One update of the members where ``active`` (``(K,)`` bool) is set; the others'
         parameters and state stay as they are."""
         self.steps += active.float()
+        sgd, adamw = self._members("sgd"), self._members("adamw")
+        adam = ~sgd
         for p, state in zip(self.params, self.state, strict=True):
             if p.grad is None:
                 continue
@@ -211,12 +220,20 @@ class MemberOptimizer:
             w = p.view(self.k, -1)
             lr, wd = self._col(self.lr, g), self._col(self.weight_decay, g)
             on = self._col(active, g).bool()
-            if self.family == "sgd":
-                update = self._sgd(g + wd * w, state, on)
-            else:
-                update = self._adam(g if self.family == "adamw" else g + wd * w, state, on)
-                if self.family == "adamw":
-                    w.copy_(torch.where(on, w * (1 - lr * wd), w))
+            coupled = g + wd * w  # L2 in the gradient: sgd and adam
+            updates = []
+            if bool(sgd.any()):
+                mask = self._col(sgd, g).bool()
+                updates.append((mask, self._sgd(coupled, state, on & mask)))
+            if bool(adam.any()):
+                mask, decoupled = self._col(adam, g).bool(), self._col(adamw, g).bool()
+                grad = torch.where(decoupled, g, coupled) if bool(adamw.any()) else coupled
+                updates.append((mask, self._adam(grad, state, on & mask)))
+                if bool(adamw.any()):
+                    w.copy_(torch.where(on & decoupled, w * (1 - lr * wd), w))
+            update = updates[0][1]
+            if len(updates) == 2:
+                update = torch.where(updates[0][0], updates[0][1], updates[1][1])
             w.copy_(torch.where(on, w - lr * update, w))
 
     def _sgd(

@@ -8,11 +8,12 @@ count. One :meth:`FusedArray.epoch` trains every member one epoch with one forwa
 backward per step (:class:`~trainables.torch.fused.FusedSequential`) and returns each
 member's metrics, the keys :func:`~trainables.torch.loop.fit_epochs` yields.
 
-What may differ inside an array, per member: ``lr``, ``weight_decay``, ``momentum``, ``l1``,
-``clip_norm``, ``clip_value``, ``lr_scheduler`` and its ``step_size``/``gamma``, early
-stopping, ``label_smoothing``, the seed (its initialization and data order). What fixes the
-array's shape (:func:`shape_key`): the model's architecture knobs, ``batch_size``,
-``optimizer``, ``precision`` and what the data path reads. A member whose loss turns NaN
+What may differ inside an array, per member: ``lr``, ``optimizer`` (sgd, adam, adamw: each
+member its own update rule and state), ``weight_decay``, ``momentum``, ``l1``, ``clip_norm``,
+``clip_value``, ``lr_scheduler`` and its ``step_size``/``gamma``, early stopping,
+``label_smoothing``, the seed (its initialization and data order). What fixes the array's
+shape (:func:`shape_key`): the model's architecture knobs, ``batch_size``, ``precision`` and
+what the data path reads. A member whose loss turns NaN
 reports it as an unfused trial does, and the others go on: no tensor mixes members.
 
 A slot whose member ended takes the next trial with :meth:`FusedArray.assign` (continuous
@@ -133,7 +134,8 @@ class FusedArray:
         self.params = [p for p, _ in self.model.member_params()]
         self.weights = [p for p, weight in self.model.member_params() if weight]
         self.k = len(members)
-        self.optimizer = MemberOptimizer(self.params, members[0][0]["optimizer"], self.k)
+        families = [cfg["optimizer"] for cfg, _ in members]
+        self.optimizer = MemberOptimizer(self.params, families, self.k)
         self.slots: list[_Member] = [self._member(cfg, ctx) for cfg, ctx in members]
         for k in range(self.k):
             self._settings(k)
@@ -153,6 +155,7 @@ class FusedArray:
 
     def _settings(self, k: int) -> None:
         cfg = self.slots[k].cfg
+        self.optimizer.families[k] = cfg["optimizer"]
         self.optimizer.weight_decay[k] = cfg["weight_decay"]
         self.optimizer.momentum[k] = cfg.get("momentum", 0.0)
 
