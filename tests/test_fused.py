@@ -9,8 +9,9 @@ equal: every value of three epochs agrees to 1e-6 relative (the floor: both comp
 cross-entropy in float32, as the built-ins do for mixed precision). In float32 the rounding
 differences of about 1e-7 grow with training (Adam at lr 1e-2 turns them into 2.6 % of
 val_loss by epoch 3, as two float32 runs in another summation order would), so float32 is
-checked on the first epoch, to 1e-3. Dropout is 0 here: under fusion its masks are drawn
-from the same distribution, not the same draws.
+checked on the first epoch, to 1e-3. Dropout is 0 where curves are compared: under fusion
+its masks are drawn from the same distribution, not the same draws (each member's own
+``dropout``, ``augment`` and ``hflip`` are checked beside a member without them).
 """
 
 from __future__ import annotations
@@ -126,6 +127,20 @@ def test_members_of_three_optimizer_families_share_an_array_and_learn_their_own_
     assert_same(curves[1], alone(cfgs[1], digits, 42))
     assert_same(curves[2][:1], alone(cfgs[2], digits, 43)[:1])
     assert_same(curves[2][2:], alone(newcomer, digits, 98))
+
+
+@pytest.mark.usefixtures("float64")
+def test_dropout_and_augmentation_are_each_members_own(digits: Dataset) -> None:
+    """Members that differ only in ``dropout``, ``augment`` and ``hflip`` share an array; the
+    one without them learns exactly its unfused curve beside them, and theirs differ from it
+    (their draws come from the same distributions as unfused, not the same draws)."""
+    plain = _cfg("adam", MEMBERS[0])
+    noisy = [{**plain, "dropout": 0.3}, {**plain, "augment": 0.3, "hflip": True}]
+    assert {shape_key(c) for c in noisy} == {shape_key(plain)}
+    curves = fused([plain, *noisy], digits, [51, 51, 51])
+    assert_same(curves[0], alone(plain, digits, 51))
+    for slot in (1, 2):  # the same seed and config but for the knob: another curve
+        assert curves[slot][0]["train_loss"] != pytest.approx(curves[0][0]["train_loss"])
 
 
 def test_in_float32_the_first_epoch_agrees_to_rounding(digits: Dataset) -> None:

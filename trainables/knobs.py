@@ -92,9 +92,9 @@ CHOICES: dict[str, tuple[str, ...]] = {
 }
 
 FUSED_PER_MEMBER: tuple[str, ...] = (
-    "lr", "optimizer", "weight_decay", "momentum", "l1", "clip_norm", "clip_value",
+    "lr", "optimizer", "weight_decay", "momentum", "l1", "dropout", "clip_norm", "clip_value",
     "lr_scheduler", "step_size", "gamma", "early_stopping_patience",
-    "early_stopping_min_delta", "label_smoothing",
+    "early_stopping_min_delta", "label_smoothing", "augment", "hflip",
 )  # fmt: skip
 """The knobs members of one fused array may differ in (``trainables/torch/fused_loop.py``);
 every other knob fixes the array's shape. Here, framework-free, so the driver's

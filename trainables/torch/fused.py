@@ -38,7 +38,7 @@ from torch import nn
 from trainables.torch.data import Standardize
 
 State = dict[str, torch.Tensor]  # one fused parameter's optimizer state
-ELEMENTWISE = (nn.ReLU, nn.GELU, nn.Tanh, nn.Dropout, nn.Identity)
+ELEMENTWISE = (nn.ReLU, nn.GELU, nn.Tanh, nn.Identity)
 """Layers that act on each value alone: the same module serves every member."""
 
 
@@ -70,6 +70,8 @@ class FusedSequential(nn.Module):
             return _GroupedConv(same)  # type: ignore[arg-type]
         if isinstance(layer, nn.Linear):
             return _BatchedLinear(same)  # type: ignore[arg-type]
+        if isinstance(layer, nn.Dropout):
+            return MemberDropout([float(m.p) for m in same])  # type: ignore[arg-type,attr-defined]
         if isinstance(layer, (*ELEMENTWISE, nn.MaxPool2d, nn.Flatten, Standardize)):
             return layer
         raise TypeError(f"a fused array cannot hold a {type(layer).__name__} layer yet")
@@ -112,6 +114,37 @@ class FusedSequential(nn.Module):
         for name, layer in zip(self.names, self.layers, strict=True):
             if isinstance(layer, _GroupedConv | _BatchedLinear):
                 layer.load(k, model[int(name)])  # type: ignore[arg-type]
+            elif isinstance(layer, MemberDropout):
+                layer.p[k] = float(model[int(name)].p)  # type: ignore[arg-type]
+
+
+class MemberDropout(nn.Module):
+    """``nn.Dropout`` with each member's own probability ``p`` (a per-member knob): in
+    training, each value of member ``k`` is zeroed with probability ``p[k]`` and the rest
+    scaled by ``1 / (1 - p[k])``, torch's dropout; in evaluation, the identity.
+
+    Example:
+        >>> drop = MemberDropout([0.0, 0.5])
+        >>> out = drop(torch.ones(2, 4, 1000))             # (members, batch, features)
+        >>> bool((out[0] == 1).all()), sorted(out[1].unique().tolist())
+        (True, [0.0, 2.0])
+    """
+
+    def __init__(self, ps: list[float]) -> None:
+        super().__init__()
+        self.p = torch.tensor(ps, dtype=torch.float64)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.training or not bool((self.p > 0).any()):
+            return x
+        k = len(self.p)
+        if x.ndim == 4:  # (B, K*C, H, W): member k's channels are the k-th block
+            p = self.p.repeat_interleave(x.shape[1] // k).view(1, -1, 1, 1)
+        else:  # (K, B, ...)
+            p = self.p.view(k, *([1] * (x.ndim - 1)))
+        p = p.to(x.device, x.dtype)
+        keep = torch.rand_like(x) >= p
+        return torch.where(keep, x / (1 - p), torch.zeros_like(x))
 
 
 class _GroupedConv(nn.Module):

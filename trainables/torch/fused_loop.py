@@ -9,12 +9,12 @@ backward per step (:class:`~trainables.torch.fused.FusedSequential`) and returns
 member's metrics, the keys :func:`~trainables.torch.loop.fit_epochs` yields.
 
 What may differ inside an array, per member: ``lr``, ``optimizer`` (sgd, adam, adamw: each
-member its own update rule and state), ``weight_decay``, ``momentum``, ``l1``, ``clip_norm``,
-``clip_value``, ``lr_scheduler`` and its ``step_size``/``gamma``, early stopping,
-``label_smoothing``, the seed (its initialization and data order). What fixes the array's
-shape (:func:`shape_key`): the model's architecture knobs, ``batch_size``, ``precision`` and
-what the data path reads. A member whose loss turns NaN
-reports it as an unfused trial does, and the others go on: no tensor mixes members.
+member its own update rule and state), ``weight_decay``, ``momentum``, ``l1``, ``dropout``,
+``augment``, ``hflip``, ``clip_norm``, ``clip_value``, ``lr_scheduler`` and its
+``step_size``/``gamma``, early stopping, ``label_smoothing``, the seed (its initialization
+and data order). What fixes the array's shape (:func:`shape_key`): the model's architecture
+knobs, ``batch_size``, ``precision`` and what the data path reads. A member whose loss turns
+NaN reports it as an unfused trial does, and the others go on: no tensor mixes members.
 
 A slot whose member ended takes the next trial with :meth:`FusedArray.assign` (continuous
 batching): its parameters are overwritten, its optimizer state cleared, nothing is rebuilt.
