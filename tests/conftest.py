@@ -68,7 +68,7 @@ SLOWEST_FIRST = (
     # file: its time here, summed over its tests, in a two-worker `make test` of a fresh clone
     # (seconds, 2026-12-06, pytest --durations=150: the 150 longest phases)
     "test_examples.py",  # 148
-    "test_slurm.py",  # 120, measured alone: most of it a job waiting for its time limit
+    "test_slurm.py",  # 103 alone (2026-12-07): most of it a job waiting for its time limit
     "test_gpu_check.py",  # 91
     "test_run_e2e.py",  # 72
     "test_notebook.py",  # 65
@@ -84,7 +84,6 @@ SLOWEST_FIRST = (
     "test_multiobjective.py",  # 36
     "test_tracking.py",  # 30
     "test_chaos_process.py",  # 30
-    "test_optuna_suites.py",  # 35, measured alone
     "test_lease.py",  # 28
     "test_placement.py",  # 27
     "test_export.py",  # 26
@@ -94,6 +93,7 @@ SLOWEST_FIRST = (
     "test_resnet.py",  # 20
     "test_disk_full.py",  # 20
     "test_budget.py",  # 20
+    "test_optuna_suites.py",  # 20 alone (2026-12-07): a copied schema per storage case
     "test_docs.py",  # 19
     "test_data_once.py",  # 19
     "test_warm_start.py",  # 18

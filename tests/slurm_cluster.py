@@ -5,8 +5,9 @@ The node offers 8 logical CPUs (``slurmd`` trusts the config, ``SlurmdParameters
 config_overrides``), so two jobs of 2 CPUs each run at once on a 2-core machine: their trials
 sleep. Every client command (``sbatch``, ``squeue``, ``scancel``, ``scontrol``) finds this
 cluster through ``SLURM_CONF`` in :meth:`SlurmCluster.env`. A requeued job waits as long as
-its credential lives before it starts again: 10 s here (``cred_expire``; SLURM's default is
-120 s).
+its credential lives before it starts again: 5 s here (``cred_expire``; SLURM's default is
+120 s), and then starts at the scheduler's next pass: every second here (``sched_interval`` and
+``bf_interval``; SLURM's are 60 s and 30 s, which kept a requeued job pending 25 s).
 """
 
 from __future__ import annotations
@@ -90,7 +91,7 @@ SlurmdPort={free_port()}
 SlurmUser={user}
 SlurmdUser={user}
 AuthType=auth/munge
-AuthInfo=socket={root}/munge.socket,cred_expire=10
+AuthInfo=socket={root}/munge.socket,cred_expire=5
 CredType=cred/munge
 StateSaveLocation={root}/state
 SlurmdSpoolDir={root}/spool
@@ -102,6 +103,7 @@ ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
 SelectType=select/cons_tres
 SelectTypeParameters=CR_CPU
+SchedulerParameters=sched_interval=1,bf_interval=1
 MpiDefault=none
 ReturnToService=2
 SlurmdParameters=config_overrides

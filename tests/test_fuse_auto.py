@@ -52,9 +52,10 @@ def test_what_auto_decides_without_measuring(tmp_path: Path) -> None:
     assert decided(_spec(tmp_path, fuse="off")) == FuseDecision(None)
     assert decided(_spec(tmp_path, fuse=4)) == FuseDecision(4)
     varied = _spec(tmp_path, {"lr": {"uniform": [0.001, 0.1]},
-                              "batch_size": {"choice": [32, 64]},
+                              "batch_size": {"int": [32, 64]},
                               "optimizer": {"choice": ["sgd", "adam"]}})  # fmt: skip
-    # the optimizer is a member's own (trainables/torch/fused.py); the batch size splits
+    # the optimizer is a member's own (trainables/torch/fused.py); a batch size drawn from a
+    # range splits (a choice of sizes with a common divisor shares an array)
     split = decided({**varied, "fixed": {"channels": 4}})
     assert split.members is None
     assert split.line.startswith("fuse auto: off: the space varies batch_size, each")

@@ -28,7 +28,12 @@ from search.contract import TrialContext  # noqa: E402
 from search.contract.dataset import Dataset, load_digits  # noqa: E402
 from trainables.knobs import read_config  # noqa: E402
 from trainables.torch import cnn  # noqa: E402
-from trainables.torch.fused_loop import FusedArray, fused_tensors, shape_key  # noqa: E402
+from trainables.torch.fused_loop import (  # noqa: E402
+    FusedArray,
+    array_key,
+    fused_tensors,
+    shape_key,
+)
 
 pytestmark = pytest.mark.torch
 
@@ -75,7 +80,10 @@ def fused(
     may change slots between epochs."""
     ctxs = [TrialContext(max_epochs=EPOCHS, seed=s) for s in seeds]
     array = FusedArray(
-        cnn.build_model, fused_tensors(data, "cpu"), list(zip(cfgs, ctxs, strict=True))
+        cnn.build_model,
+        fused_tensors(data, "cpu"),
+        list(zip(cfgs, ctxs, strict=True)),
+        micro_batch=hooks.get("micro_batch"),
     )
     curves: dict[int, list[dict[str, float]]] = {k: [] for k in range(len(cfgs))}
     for n in range(2 * EPOCHS):
@@ -141,6 +149,24 @@ def test_dropout_and_augmentation_are_each_members_own(digits: Dataset) -> None:
     assert_same(curves[0], alone(plain, digits, 51))
     for slot in (1, 2):  # the same seed and config but for the knob: another curve
         assert curves[slot][0]["train_loss"] != pytest.approx(curves[0][0]["train_loss"])
+
+
+@pytest.mark.usefixtures("float64")
+def test_batch_sizes_that_are_multiples_of_the_arrays_accumulate_and_learn_their_own_curves(
+    digits: Dataset,
+) -> None:
+    """Batches of 32, 64 and 128 in an array of 32-image steps: the 64 and 128 members sum
+    their gradients over 2 and 4 steps, then step (their schedules per step, their clipping
+    on the summed gradient). 600 images: each member's last batch is partial (24, 24, 88
+    images), so the pieces' weights are checked too. Every curve is its unfused trial's."""
+    data = replace(digits, x_train=digits.x_train[:600], y_train=digits.y_train[:600])
+    knobs = [MEMBERS[1], {**MEMBERS[0], "lr_scheduler": "onecycle"}, MEMBERS[2]]
+    cfgs = [{**_cfg("sgd", m), "batch_size": b} for m, b in zip(knobs, (32, 64, 128), strict=True)]
+    assert len({array_key(c, 32) for c in cfgs}) == 1
+    curves = fused(cfgs, data, [61, 62, 63], micro_batch=32)
+    for slot, (cfg, seed) in enumerate(zip(cfgs, [61, 62, 63], strict=True)):
+        assert_same(curves[slot], alone(cfg, data, seed))
+    assert array_key({**cfgs[0], "batch_size": 48}, 32) != array_key(cfgs[0], 32)
 
 
 def test_in_float32_the_first_epoch_agrees_to_rounding(digits: Dataset) -> None:

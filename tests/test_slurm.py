@@ -126,7 +126,7 @@ def test_two_jobs_share_a_node_and_a_time_limit_requeues_the_study(
     _assert_study_whole(_trials(short, "short"), 3, [])
 
     # The long one's gate stays shut: its time limit stops it, and the job goes back to the
-    # queue by itself; SLURM starts it again once its credential expired (10 s here).
+    # queue by itself; SLURM starts it again once its credential expired (5 s here).
     _wait(slurm, long_id, lambda: slurm.restarts(long_id) >= 1, "the job requeued itself")
     # The first start's trials, by the driver that made them: on a slow hour the next start
     # may already run trials of its own (held at the gate) when the requeue is seen.

@@ -19,6 +19,7 @@ member starts again from its first epoch), and only the built-ins of :data:`FUSA
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -107,6 +108,27 @@ def refusal(spec: StudySpec) -> str | None:
     return None
 
 
+def micro_batch(spec: StudySpec) -> int | None:
+    """The images a fused step takes from each member: the greatest common divisor of the
+    batch sizes the space chooses from, so every one of them fuses (a member of a larger
+    batch sums its gradient over several steps); ``None`` where the space does not choose
+    the batch size among whole numbers (each batch size then an array of its own).
+
+    Example:
+        >>> from search.specs.schema import parse_spec
+        >>> spec = parse_spec({"study": "s", "trainable": "torch_cnn",
+        ...     "objective": {"metric": "val_loss", "mode": "min"},
+        ...     "space": {"batch_size": {"choice": [32, 64, 128, 256]}}})
+        >>> micro_batch(spec)
+        32
+    """
+    param = spec.space.get("batch_size")
+    choices = param.choice if param is not None else None
+    if not choices or not all(isinstance(c, int) and not isinstance(c, bool) for c in choices):
+        return None
+    return math.gcd(*choices)
+
+
 def builder(name: str) -> str | None:
     """``module:function`` that builds one member's model for trainable ``name`` (a built-in
     of :data:`FUSABLE`, or a trainable of :func:`search.pytorch.sequential`: imported), or
@@ -142,7 +164,9 @@ def start_hosts(
         name = f"search-fuse-{run_id}-{i}"
         host = ray.remote(HostActor).options(name=name, max_concurrency=calls, **held_there)
         device = "cuda" if gpus else "cpu"
-        actors.append(host.remote(HOST, build, knobs, data.ref, members, threads, device))
+        actors.append(
+            host.remote(HOST, build, knobs, data.ref, members, threads, device, micro_batch(spec))
+        )
         names.append(name)
     on = ray.get([actor.gpu.remote() for actor in actors]) if gpus else [None] * count
     by_gpu = tuple((str(g), n) for g, n in zip(on, names, strict=True) if g is not None)

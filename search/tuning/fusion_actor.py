@@ -29,9 +29,10 @@ class HostActor:
         members: int,
         threads: int,
         device: str,
+        micro_batch: int | None = None,
     ) -> None:
         make, build = resolve_function(host), resolve_function(build_model)
-        self.host = make(build, data, members, threads, device, defaults)
+        self.host = make(build, data, members, threads, device, defaults, micro_batch)
 
     def gpu(self) -> str | None:
         """The GPU id Ray gave this host (``None`` on CPUs)."""

@@ -46,7 +46,7 @@ from search.compute.gpu_rates import measure_rates
 from search.compute.throughput import TOLERANCE, choose, next_count
 from search.contract.registry import declared_defaults, resolve_function
 from search.errors import one_line
-from search.tuning.fusion import builder
+from search.tuning.fusion import builder, micro_batch
 
 if TYPE_CHECKING:
     from search.compute.data import SharedData
@@ -93,6 +93,8 @@ def decide_fuse(spec: StudySpec, placement: Placement, data: SharedData) -> Fuse
             f"trains in an array of its own ({force})",  # fmt: skip
         )
     config = largest_config(spec.space, spec.fixed)
+    if micro := micro_batch(spec):  # the array steps micro-batches, whatever a member's batch
+        config = {**config, "batch_size": micro}
     if config.get("precision", "fp32") == "fp16":
         return FuseDecision(None, "fuse auto: off: fp16 trials do not fuse (fp32 or bf16 do)")
     cap = min(MAX_MEMBERS, spec.resources.max_concurrent or MAX_MEMBERS)
@@ -112,11 +114,14 @@ def shape_params(spec: StudySpec) -> list[str]:
         >>> spec = parse_spec({"study": "s", "trainable": "torch_cnn",
         ...     "objective": {"metric": "val_loss", "mode": "min"},
         ...     "space": {"lr": {"loguniform": [1e-4, 1e-2]},
-        ...               "batch_size": {"choice": [32, 64]}}})
-        >>> shape_params(spec)
-        ['batch_size']
+        ...               "batch_size": {"int": [32, 256]},
+        ...               "precision": {"choice": ["fp32", "bf16"]}}})
+        >>> shape_params(spec)                      # a choice of batch sizes would not split
+        ['batch_size', 'precision']
     """
     per_member = set(importlib.import_module(PER_MEMBER_AT).FUSED_PER_MEMBER)
+    if micro_batch(spec) is not None:  # batch sizes of a common divisor share an array
+        per_member.add("batch_size")
     return [name for name in spec.space if name not in per_member]
 
 

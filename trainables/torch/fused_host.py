@@ -4,7 +4,7 @@ Each fused trial stays a Ray Tune trial of its own: its process runs a light pro
 (:mod:`search.tuning.fusion`) that joins a :class:`Host`, asks it for the member's next epoch
 and reports it as any trial reports an epoch; ASHA, the bridge and the record see a trial
 like any other. The host holds one :class:`~trainables.torch.fused_loop.FusedArray` of
-``slots`` members per shape (:func:`~trainables.torch.fused_loop.shape_key`) and trains an
+``slots`` members per shape (:func:`~trainables.torch.fused_loop.array_key`) and trains an
 array's epoch once every running member of it has asked (or :data:`GRACE_S` after the first
 asked: a member whose trial was just stopped does not hold the others). A member that leaves
 frees its slot, and the next trial of that shape takes it at once (continuous batching).
@@ -41,7 +41,7 @@ import torch
 
 from search import Dataset, Metrics, TrialContext
 from trainables.knobs import CNN_DEFAULTS, read_config
-from trainables.torch.fused_loop import FusedArray, fused_tensors, shape_key
+from trainables.torch.fused_loop import FusedArray, array_key, fused_tensors
 
 GRACE_S = 1.0
 """How long an array's epoch waits for members that have not asked yet."""
@@ -72,6 +72,9 @@ class Host:
         threads: CPU threads the host trains with.
         device: ``cpu`` or ``cuda``.
         defaults: The built-in's knobs with their defaults (a member's config is filled so).
+        micro_batch: The images a step takes from each member; a member whose batch size is
+            a multiple of it joins the array of that micro-batch (``None``: each batch size
+            an array of its own).
     """
 
     def __init__(
@@ -82,6 +85,7 @@ class Host:
         threads: int = 1,
         device: str = "cpu",
         defaults: Mapping[str, Any] = CNN_DEFAULTS,
+        micro_batch: int | None = None,
     ) -> None:
         torch.set_num_threads(max(1, threads))
         if device == "cuda" and not torch.cuda.is_available():  # a logical GPU of Ray's
@@ -90,7 +94,7 @@ class Host:
             device = "cpu"
         self.build = build_model
         self.tensors = fused_tensors(data, device)
-        self.slots, self.defaults = slots, defaults
+        self.slots, self.defaults, self.micro = slots, defaults, micro_batch
         self.groups: dict[tuple[tuple[str, str], ...], _Group] = {}
         self.members: dict[int, tuple[_Group, int]] = {}
         self.lock = threading.Condition()
@@ -104,13 +108,14 @@ class Host:
                 "set resources.fuse: off for fp16 trials"
             )
         ctx = TrialContext(max_epochs=max_epochs, seed=seed, trial_number=number)
-        key = shape_key(cfg)
+        micro = self.micro if self.micro and cfg["batch_size"] % self.micro == 0 else None
+        key = array_key(cfg, micro)
         self.leave(number)  # a retried trial starts again: its earlier attempt's slot frees
         with self.lock:
             while True:
                 group = self.groups.get(key)
                 if group is None:
-                    array = FusedArray(self.build, self.tensors, [(cfg, ctx)] * self.slots)
+                    array = FusedArray(self.build, self.tensors, [(cfg, ctx)] * self.slots, micro)
                     group = self.groups[key] = _Group(array)
                     for k in range(1, self.slots):
                         array.vacate(k)  # copies of the first member, until trials come

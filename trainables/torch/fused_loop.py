@@ -38,6 +38,7 @@ Example (three trials of the digits CNN, two epochs, a slot refilled after the f
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -67,6 +68,37 @@ def shape_key(cfg: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:
         True
     """
     return tuple(sorted((k, repr(v)) for k, v in cfg.items() if k not in PER_MEMBER))
+
+
+def array_key(cfg: Mapping[str, Any], micro: int | None = None) -> tuple[tuple[str, str], ...]:
+    """What two trials must agree on to share an array whose steps take ``micro`` images a
+    member: :func:`shape_key`, where a ``batch_size`` that is a multiple of ``micro`` counts
+    as ``micro`` (such a member steps its optimizer every ``batch_size / micro`` steps).
+
+    Example:
+        >>> array_key({"batch_size": 128}, 32) == array_key({"batch_size": 32}, 32)
+        True
+        >>> array_key({"batch_size": 48}, 32) == array_key({"batch_size": 32}, 32)
+        False
+    """
+    if micro and int(cfg["batch_size"]) % micro == 0:
+        cfg = {**cfg, "batch_size": micro}
+    return shape_key(cfg)
+
+
+def micro_batches(loader: Any, micro: int) -> Iterator[tuple[Any, Any, float, bool]]:
+    """A member's batches in pieces of ``micro``: each piece, its share of its batch (the
+    weight of its mean loss in the batch's mean) and whether it ends its batch.
+
+    Example:
+        >>> pieces = micro_batches([(torch.zeros(5, 1), torch.zeros(5))], 2)
+        >>> [(len(y), round(w, 1), end) for _, y, w, end in pieces]
+        [(2, 0.4, False), (2, 0.4, False), (1, 0.2, True)]
+    """
+    for x, y in loader:
+        n = len(y)
+        for i in range(0, n, micro):
+            yield x[i : i + micro], y[i : i + micro], len(y[i : i + micro]) / n, i + micro >= n
 
 
 def fused_tensors(data: Dataset, device: str | torch.device) -> Tensors:
@@ -118,6 +150,9 @@ class FusedArray:
         tensors: The data every member trains on (:func:`fused_tensors`).
         members: One ``(filled config, context)`` per slot; ``max_epochs`` and ``seed`` are
             read from each context.
+        micro_batch: The images a member trains per step (default: the first member's
+            ``batch_size``); a member whose ``batch_size`` is a multiple of it accumulates
+            its gradient over that many steps, then steps its optimizer (:func:`array_key`).
     """
 
     def __init__(
@@ -125,10 +160,12 @@ class FusedArray:
         build_model: Callable[[Mapping[str, Any], Tensors], nn.Sequential],
         tensors: Tensors,
         members: Sequence[tuple[Mapping[str, Any], TrialContext]],
+        micro_batch: int | None = None,
     ) -> None:
         self.build, self.tensors = build_model, tensors
         self.device = tensors.x_train.device
-        self.key = shape_key(members[0][0])
+        self.micro = int(micro_batch or members[0][0]["batch_size"])
+        self.key = array_key(members[0][0], self.micro)
         models = [self._model(cfg, ctx) for cfg, ctx in members]
         self.model = FusedSequential(models).to(self.device)
         self.params = [p for p, _ in self.model.member_params()]
@@ -141,7 +178,7 @@ class FusedArray:
             self._settings(k)
 
     def _model(self, cfg: Mapping[str, Any], ctx: TrialContext) -> nn.Sequential:
-        if shape_key(cfg) != getattr(self, "key", shape_key(cfg)):
+        if array_key(cfg, self.micro) != self.key:
             raise ValueError("a fused array's members must agree on every shape knob")
         set_seed(ctx.seed)  # the unfused trial's initialization (trainables.torch.common.setup)
         return self.build(cfg, self.tensors)  # type: ignore[return-value]
@@ -176,20 +213,28 @@ class FusedArray:
             self._columns[key] = torch.tensor([float(m.cfg.get(key, 0.0)) for m in self.slots])
         return self._columns[key]
 
-    def _steps(self, running: list[int]) -> Iterator[tuple[torch.Tensor, torch.Tensor]]:
-        """Each step's ``(K, B, ...)`` images and ``(K, B)`` labels: a running member's own
-        batch, an idle slot a copy of the first running one's (computed, never applied)."""
+    def _steps(self, running: list[int]) -> Iterator[tuple[torch.Tensor, ...]]:
+        """Each step's ``(K, b, ...)`` images and ``(K, b)`` labels (a running member's own
+        micro-batch; an idle slot, or a member whose epoch ended first, a copy of another's),
+        and ``(K,)`` columns: whether the slot trains on its own images this step, the
+        weight of its loss (its piece's share of its batch) and whether its batch ends."""
         for m in (self.slots[k] for k in running):
             m.epoch += 1
             sampler = m.loader if hasattr(m.loader, "set_epoch") else m.loader.sampler
             if hasattr(sampler, "set_epoch"):
                 sampler.set_epoch(m.epoch)
-        for step in zip(*(self.slots[k].loader for k in running), strict=True):
-            got = dict(zip(running, step, strict=True))
-            fill = step[0]
+        pieces = [micro_batches(self.slots[k].loader, self.micro) for k in running]
+        for step in itertools.zip_longest(*pieces):
+            got = {k: piece for k, piece in zip(running, step, strict=True) if piece is not None}
+            fill = next(iter(got.values()))
             xs = [got.get(k, fill)[0].to(self.device) for k in range(self.k)]
             ys = [got.get(k, fill)[1].to(self.device) for k in range(self.k)]
-            yield torch.stack(xs), torch.stack(ys)
+            if len({len(y) for y in ys}) > 1:
+                raise RuntimeError("a fused array's members drew pieces of different sizes")
+            present = torch.tensor([k in got for k in range(self.k)])
+            weight = torch.tensor([got.get(k, fill)[2] for k in range(self.k)])
+            ends = torch.tensor([got.get(k, fill)[3] for k in range(self.k)])
+            yield torch.stack(xs), torch.stack(ys), present, weight, ends
 
     def running(self) -> list[int]:
         """The slots whose member has epochs left."""
@@ -217,21 +262,24 @@ class FusedArray:
         active[running] = True
         lrs = [self.slots[k].schedule.param_groups[0]["lr"] for k in range(self.k)]
         zeros = torch.zeros(self.k, device=self.device)
-        totals = {name: zeros.clone() for name in ("loss", "correct", "norm", "applied")}
-        seen = 0
+        names = ("loss", "correct", "norm", "applied", "seen")
+        totals = {name: zeros.clone() for name in names}
         self.model.train()
-        for xb, yb in self._steps(running):
-            loss, correct, norms = self._step(xb, yb, active)
-            totals["loss"] += loss.detach() * yb.shape[1]
-            totals["correct"] += correct
-            totals["norm"] = torch.maximum(totals["norm"], norms[0].to(self.device))
-            totals["applied"] = torch.maximum(totals["applied"], norms[1].to(self.device))
-            seen += yb.shape[1]
+        for xb, yb, present, weight, ends in self._steps(running):
+            on = active & present
+            loss, correct, norms = self._step(xb, yb, on, weight, ends)
+            counted = on.to(zeros) * yb.shape[1]
+            totals["loss"] += loss.detach() * counted
+            totals["correct"] += correct * on.to(zeros)
+            stepped = (on & ends).to(zeros)  # a norm is a step's: after its batch's last piece
+            totals["norm"] = torch.maximum(totals["norm"], norms[0].to(zeros) * stepped)
+            totals["applied"] = torch.maximum(totals["applied"], norms[1].to(zeros) * stepped)
+            totals["seen"] += counted
         val = self._evaluate()
         elapsed = time.perf_counter() - start
         out: dict[int, Metrics] = {}
         for k in running:
-            out[k] = self._finish(k, totals, seen, val, lrs[k], elapsed)
+            out[k] = self._finish(k, totals, val, lrs[k], elapsed)
             out[k]["array_members"] = float(len(running))
         return out
 
@@ -246,8 +294,8 @@ class FusedArray:
         self.model.train()
         images = 0
         while steps > 0:
-            for xb, yb in self._steps(running):
-                self._step(xb, yb, active)
+            for xb, yb, present, weight, ends in self._steps(running):
+                self._step(xb, yb, active & present, weight, ends)
                 images += yb.shape[0] * yb.shape[1]
                 steps -= 1
                 if steps <= 0:
@@ -255,26 +303,40 @@ class FusedArray:
         return images
 
     def _step(
-        self, xb: torch.Tensor, yb: torch.Tensor, active: torch.Tensor
+        self,
+        xb: torch.Tensor,
+        yb: torch.Tensor,
+        on: torch.Tensor,
+        weight: torch.Tensor,
+        ends: torch.Tensor,
     ) -> tuple[torch.Tensor, torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+        """One forward and backward of every slot; the members of ``on`` whose batch
+        ``ends`` here step their optimizer on the gradient their batch's pieces summed (each
+        piece's loss weighted by ``weight``), the others keep theirs for the next piece."""
         precision = self.slots[0].cfg["precision"]
         with autocast(precision, self.device):
             logits = self.model(xb)
         k = logits.shape[0]
         losses = member_losses(logits, yb, self._column("label_smoothing"))
-        l1 = self._column("l1").to(losses)
-        total = losses.sum()
+        w, l1 = weight.to(losses), self._column("l1").to(losses)
+        total = (w * losses).sum()
         if bool((l1 > 0).any()):
-            penalty = torch.stack([w.view(k, -1).abs().sum(1) for w in self.weights]).sum(0)
-            total = total + (l1 * penalty).sum()
-        for p in self.params:
-            p.grad = None
-        total.backward()
-        norms = clip_members(self.params, self._column("clip_norm"), self._column("clip_value"))
+            penalty = torch.stack([p.view(k, -1).abs().sum(1) for p in self.weights]).sum(0)
+            total = total + (w * l1 * penalty).sum()
+        total.backward()  # adds to what a member's earlier pieces of this batch left
+        step = on & ends
+        gate = step.to(self._column("clip_norm"))
+        norms = clip_members(
+            self.params, self._column("clip_norm") * gate, self._column("clip_value") * gate
+        )
         for i, member in enumerate(self.slots):
             self.optimizer.lr[i] = member.schedule.param_groups[0]["lr"]
-        self.optimizer.step(active)
-        for i in torch.nonzero(active).flatten().tolist():
+        self.optimizer.step(step)
+        drop = ~(on & ~ends).view(k, 1).to(self.device)  # mid-batch ones keep theirs
+        for p in self.params:
+            if p.grad is not None:  # a fill, not a product: a NaN gradient leaves no trace
+                p.grad.view(k, -1).masked_fill_(drop, 0.0)
+        for i in torch.nonzero(step).flatten().tolist():
             self.slots[i].schedule.step()  # a no-op (no gradient); torch's schedulers expect it
             if self.slots[i].when == "batch":
                 self.slots[i].scheduler.step()
@@ -302,7 +364,6 @@ class FusedArray:
         self,
         k: int,
         totals: dict[str, torch.Tensor],
-        seen: int,
         val: tuple[torch.Tensor, torch.Tensor],
         lr: float,
         elapsed: float,
@@ -315,6 +376,7 @@ class FusedArray:
             member.scheduler.step(val_loss)
         stop = member.stopper.update(val_loss)
         member.done = stop or member.epoch >= member.ctx.max_epochs
+        seen = float(totals["seen"][k])
         return {
             "epoch": member.epoch,
             "train_loss": float(totals["loss"][k]) / seen,
