@@ -93,6 +93,24 @@ def base_spec(tmp_path: Path, **changes: Any) -> dict[str, Any]:
     return spec
 
 
+def fused_spec(tmp_path: Path, resources: dict[str, Any], **changes: Any) -> dict[str, Any]:
+    """A small ``torch_cnn`` study on the digits whose knobs all fuse (the shape fixed, ``lr``
+    and ``clip_norm`` searched), with ``resources`` beside ``cpus_per_trial: 1``."""
+    spec = base_spec(
+        tmp_path,
+        study="fused",
+        trainable="torch_cnn",
+        data={"name": "digits", "val_fraction": 0.2},
+        budget={"trials": 8, "max_epochs": 2},
+        asha={"grace_period": 1, "reduction_factor": 2},
+        resources={"cpus_per_trial": 1, **resources},
+        fixed={"channels": 4, "batch_size": 64, "optimizer": "adam"},
+        space={"lr": {"loguniform": [1e-3, 3e-2]}, "clip_norm": {"choice": [0.0, 1.0]}},
+    )
+    spec.update(changes)
+    return spec
+
+
 def deadline_after_first_epoch(monkeypatch: pytest.MonkeyPatch) -> None:
     """The run's time limit passes only once its clock has run out *and* a trial has reported
     an epoch: a test of what a time limit records then sees a trial cut mid-run whatever the

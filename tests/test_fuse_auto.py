@@ -15,23 +15,15 @@ from search.compute.placement import Placement
 from search.specs.schema import parse_spec
 from search.tuning import fusion_auto
 from search.tuning.fusion_auto import MARGIN, FuseDecision, choice, decide_fuse
-from tests.helpers import REPO, base_spec, cli, stored_study, write_spec
+from tests.helpers import REPO, base_spec, cli, fused_spec, stored_study, write_spec
 
 CPUS = Placement(cpus_per_trial=1.0, gpus_per_trial=0.0, concurrency=2, num_threads=1)
 HALF_GPU = Placement(cpus_per_trial=1.0, gpus_per_trial=0.5, concurrency=2, num_threads=1)
 
 
 def _spec(tmp_path: Path, space: dict[str, Any] | None = None, **resources: Any) -> dict[str, Any]:
-    return base_spec(
-        tmp_path,
-        study="auto",
-        trainable="torch_cnn",
-        data={"name": "digits", "val_fraction": 0.2},
-        budget={"trials": 4, "max_epochs": 2},
-        resources={"cpus_per_trial": 1, **resources},
-        fixed={"channels": 4, "batch_size": 64, "optimizer": "adam"},
-        space=space or {"lr": {"loguniform": [1e-3, 3e-2]}, "clip_norm": {"choice": [0.0, 1.0]}},
-    )
+    spec = fused_spec(tmp_path, resources, study="auto", budget={"trials": 4, "max_epochs": 2})
+    return {**spec, "space": space} if space else spec
 
 
 def test_auto_is_the_default_and_off_null_and_numbers_are_read_as_written(tmp_path: Path) -> None:

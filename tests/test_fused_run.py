@@ -16,7 +16,7 @@ from search.compute.data import load_data  # noqa: E402
 from search.contract import TrialContext  # noqa: E402
 from search.record.queries import read_epochs  # noqa: E402
 from search.specs.schema import parse_spec  # noqa: E402
-from tests.helpers import REPO, base_spec, cli, stored_study, write_spec  # noqa: E402
+from tests.helpers import REPO, base_spec, cli, fused_spec, stored_study, write_spec  # noqa: E402
 from trainables.knobs import read_config  # noqa: E402
 from trainables.torch import cnn  # noqa: E402
 
@@ -24,17 +24,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.torch]
 
 
 def _spec(tmp_path: Path, **resources: Any) -> dict[str, Any]:
-    return base_spec(
-        tmp_path,
-        study="fused",
-        trainable="torch_cnn",
-        data={"name": "digits", "val_fraction": 0.2},
-        budget={"trials": 8, "max_epochs": 2},
-        asha={"grace_period": 1, "reduction_factor": 2},
-        resources={"cpus_per_trial": 1, **resources},
-        fixed={"channels": 4, "batch_size": 64, "optimizer": "adam"},
-        space={"lr": {"loguniform": [1e-3, 3e-2]}, "clip_norm": {"choice": [0.0, 1.0]}},
-    )
+    return fused_spec(tmp_path, resources)
 
 
 def test_a_fused_study_records_every_member_as_its_own_trial(tmp_path: Path) -> None:

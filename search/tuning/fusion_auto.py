@@ -11,10 +11,12 @@ The decision, in order, each ending in one line the run prints (:func:`decide_fu
    cold from the command line: a fused study of 16 trials took 1.24 to 1.47 times its
    unfused time, one of 32 trials 0.98 (RESULTS "Fused trial arrays (issue 44)"): the
    members' start-up eats what the array wins. ``fuse: N`` fuses on CPUs anyway.
-3. A space that varies a knob that fixes an array's shape (``batch_size``,
-   ``precision``, the architecture: everything but ``FUSED_PER_MEMBER`` of
-   ``trainables/knobs.py``): unfused. Each value would train in an array of its own, with
-   idle slots computed for nothing, and ``fp16`` does not fuse at all.
+3. A space that varies a knob that fixes an array's shape (``precision``, the
+   architecture: everything but ``FUSED_PER_MEMBER`` of ``trainables/knobs.py``, and a
+   ``batch_size`` not chosen from a list, whose sizes' common divisor would be the array's
+   micro-batch, :func:`~search.tuning.fusion.micro_batch`): unfused. Each value would
+   train in an array of its own, with idle slots computed for nothing, and ``fp16`` does
+   not fuse at all.
 4. Trials on GPUs: one Ray task holding one GPU measures the images per second of the
    space's largest config as an array of 1, 2, 4, ... members
    (``trainables/torch/fused_rates.py``), stopping where another member adds less than

@@ -108,14 +108,14 @@ class Host:
                 "set resources.fuse: off for fp16 trials"
             )
         ctx = TrialContext(max_epochs=max_epochs, seed=seed, trial_number=number)
-        micro = self.micro if self.micro and cfg["batch_size"] % self.micro == 0 else None
-        key = array_key(cfg, micro)
+        key = array_key(cfg, self.micro)
         self.leave(number)  # a retried trial starts again: its earlier attempt's slot frees
         with self.lock:
             while True:
                 group = self.groups.get(key)
                 if group is None:
-                    array = FusedArray(self.build, self.tensors, [(cfg, ctx)] * self.slots, micro)
+                    members = [(cfg, ctx)] * self.slots
+                    array = FusedArray(self.build, self.tensors, members, self.micro)
                     group = self.groups[key] = _Group(array)
                     for k in range(1, self.slots):
                         array.vacate(k)  # copies of the first member, until trials come

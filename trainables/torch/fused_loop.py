@@ -12,9 +12,11 @@ What may differ inside an array, per member: ``lr``, ``optimizer`` (sgd, adam, a
 member its own update rule and state), ``weight_decay``, ``momentum``, ``l1``, ``dropout``,
 ``augment``, ``hflip``, ``clip_norm``, ``clip_value``, ``lr_scheduler`` and its
 ``step_size``/``gamma``, early stopping, ``label_smoothing``, the seed (its initialization
-and data order). What fixes the array's shape (:func:`shape_key`): the model's architecture
-knobs, ``batch_size``, ``precision`` and what the data path reads. A member whose loss turns
-NaN reports it as an unfused trial does, and the others go on: no tensor mixes members.
+and data order). What fixes the array's shape (:func:`array_key`): the model's architecture
+knobs, ``precision``, what the data path reads, and a ``batch_size`` that is not a multiple
+of the array's micro-batch (a multiple sums its gradient over that many steps). A member
+whose loss turns NaN reports it as an unfused trial does, and the others go on: no tensor
+mixes members.
 
 A slot whose member ended takes the next trial with :meth:`FusedArray.assign` (continuous
 batching): its parameters are overwritten, its optimizer state cleared, nothing is rebuilt.
@@ -150,9 +152,10 @@ class FusedArray:
         tensors: The data every member trains on (:func:`fused_tensors`).
         members: One ``(filled config, context)`` per slot; ``max_epochs`` and ``seed`` are
             read from each context.
-        micro_batch: The images a member trains per step (default: the first member's
-            ``batch_size``); a member whose ``batch_size`` is a multiple of it accumulates
-            its gradient over that many steps, then steps its optimizer (:func:`array_key`).
+        micro_batch: The images a member trains per step (the first member's ``batch_size``
+            where it is not a multiple of it, or not given); a member whose ``batch_size`` is
+            a multiple accumulates its gradient over that many steps, then steps its
+            optimizer (:func:`array_key`).
     """
 
     def __init__(
@@ -164,7 +167,8 @@ class FusedArray:
     ) -> None:
         self.build, self.tensors = build_model, tensors
         self.device = tensors.x_train.device
-        self.micro = int(micro_batch or members[0][0]["batch_size"])
+        batch = int(members[0][0]["batch_size"])
+        self.micro = micro_batch if micro_batch and batch % micro_batch == 0 else batch
         self.key = array_key(members[0][0], self.micro)
         models = [self._model(cfg, ctx) for cfg, ctx in members]
         self.model = FusedSequential(models).to(self.device)
