@@ -27,6 +27,7 @@ Example:
 from __future__ import annotations
 
 import copy
+import os
 import sys
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -81,7 +82,8 @@ def run(
         storage: Overrides the storage URL.
         seed: Overrides ``sampler.seed``.
         results: The folder for results (``results/<study>/``).
-        address: A Ray cluster to join (as ``--address``); a local Ray otherwise.
+        address: A Ray cluster to join (as ``--address``); unset, ``$RAY_ADDRESS`` as the
+            command reads it (and as ``ray.init`` does); a local Ray of the run's own otherwise.
         restart: Deletes the study first and starts afresh.
 
     Raises:
@@ -93,6 +95,7 @@ def run(
             trial is recorded and the summary printed.
     """
     source = "search.run"
+    address = address or os.environ.get("RAY_ADDRESS") or None  # as `run --address` reads it
     parsed = _spec(spec, source, trainable, data, _overrides(locals()))
     check_run(parsed, address, storage_field="storage", data_field="data", source=source)
     options = RunOptions(

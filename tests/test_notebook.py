@@ -50,13 +50,16 @@ def kernel_env() -> dict[str, str]:
     return {**os.environ, "SEARCH_NUM_CPUS": "2", "PYTHONPATH": str(REPO)}
 
 
-def test_the_example_notebook_runs_searches_continues_and_exports(tmp_path: Path) -> None:
+def test_the_example_notebook_runs_searches_continues_and_exports(
+    tmp_path: Path, session_ray_address: str
+) -> None:
     nb = nbformat.read(NOTEBOOK, as_version=4)
     client = NotebookClient(
         nb, timeout=600, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}
     )
     client.km = client.create_kernel_manager()
-    client.start_new_kernel(env=kernel_env())
+    # Its runs join the session's Ray, as RAY_ADDRESS tells ``search.run``.
+    client.start_new_kernel(env={**kernel_env(), "RAY_ADDRESS": session_ray_address})
     client.execute()
     code = [c for c in nb.cells if c.cell_type == "code"]
     everything = [t for c in code for t in texts(c)]

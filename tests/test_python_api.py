@@ -19,7 +19,7 @@ import pytest
 
 import search
 from search.errors import SearchError, SpecError
-from tests.helpers import REPO
+from tests.helpers import REPO, free_port
 
 SCRIPT = """
 import json, sys
@@ -53,13 +53,14 @@ if __name__ == "__main__":
 
 
 @pytest.mark.slow
-@pytest.mark.ray
-def test_a_scripts_main_trainable_runs_continues_and_loads(tmp_path: Path) -> None:
+def test_a_scripts_main_trainable_runs_continues_and_loads(
+    tmp_path: Path, session_ray_address: str
+) -> None:
     script, db = tmp_path / "train.py", tmp_path / "optuna.db"
     script.write_text(SCRIPT)
-    done = subprocess.run(
+    done = subprocess.run(  # the script's runs join the session's Ray, as RAY_ADDRESS says
         [sys.executable, str(script), str(db)], cwd=tmp_path, capture_output=True, text=True,
-        timeout=600, env={**os.environ, "SEARCH_NUM_CPUS": "2"},
+        timeout=600, env={**os.environ, "RAY_ADDRESS": session_ray_address},
     )  # fmt: skip
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     said = json.loads(done.stdout.split("RESULT ", 1)[1])
@@ -104,6 +105,19 @@ def test_a_bad_spec_raises_one_spec_error_line(spec: object, expected: str) -> N
     with pytest.raises(SpecError) as caught:
         search.run(spec)  # type: ignore[arg-type]
     assert str(caught.value).startswith(expected) and "\n" not in str(caught.value)
+
+
+def test_run_joins_the_ray_that_ray_address_names_as_the_command_does(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    address = f"127.0.0.1:{free_port()}"  # nothing listens there
+    monkeypatch.setenv("RAY_ADDRESS", address)
+    spec = {
+        "study": "x", "trainable": "search.testing:curve", "budget": {"trials": 1},
+        "objective": {"metric": "loss", "mode": "min"}, "space": {"lr": {"uniform": [0, 1]}},
+    }  # fmt: skip
+    with pytest.raises(SearchError, match=f"cannot reach the Ray cluster at {address}"):
+        search.run(spec, storage="sqlite:///:memory:")
 
 
 def test_an_override_is_checked_as_the_spec_is() -> None:
