@@ -68,8 +68,8 @@ SLOWEST_FIRST = (
     # file: its time here, summed over its tests, in a two-worker `make test` of this checkout
     # (seconds, 2026-12-07, pytest --durations=300; test_slurm.py mostly waits on its jobs)
     "test_examples.py",  # 143
+    "test_slurm.py",  # 125: mostly waits, so it starts beside the examples' CPU
     "test_gpu_check.py",  # 128
-    "test_slurm.py",  # 125
     "test_fused_run.py",  # 69
     "test_chaos.py",  # 61
     "test_quality.py",  # 59
