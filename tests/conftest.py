@@ -95,6 +95,7 @@ SLOWEST_FIRST = (
     "test_stall.py",  # 21
     "test_takeover.py",  # 21
     "test_disk_full.py",  # 20
+    "test_optuna_suites.py",  # 20 alone: hundreds of short cases, none among the 300 longest
     "test_python_api.py",  # 20
     "test_resnet.py",  # 20
     "test_data_once.py",  # 18
@@ -108,8 +109,10 @@ SLOWEST_FIRST = (
     "test_image_folder.py",  # 14
     "test_torch_trainables.py",  # 13
     "test_pareto_export.py",  # 12
+    "test_live_readers.py",  # 12 (2026-12-06)
     "test_budget.py",  # 12
     "test_report.py",  # 10
+    "test_spaces.py",  # 10 (2026-12-06)
 )
 """The files that take longest, longest first: ``make test`` hands whole files to two
 pytest-xdist workers in this order (``--dist loadfile``, so a module's fixtures run once), and
