@@ -72,4 +72,5 @@ def test_the_fused_dry_run_measures_arrays_against_one_trial_after_another(
     assert any(line.startswith("fuse auto: ") for line in auto["decisions"]), auto
     assert "images/s of one array by members" in " ".join(auto["decisions"])  # it measured
     assert any(line.startswith("gpus_per_trial auto: ") for line in packed["decisions"])
+    assert not any(line.startswith("fuse auto:") for line in packed["decisions"])  # fuse: off
     assert packed["contender"] == "fuse off, gpus_per_trial auto" and packed["epochs_per_s"] > 0

@@ -36,6 +36,23 @@ def test_each_distribution_parses(tmp_path: Path, param: dict[str, Any], kind: s
     assert parse_spec(spec.to_dict()) == spec  # round-trips through YAML-ready data
 
 
+
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {"resources": {"fuse": "off"}},  # off is None, the default auto
+        {"sampler": {"name": "tpe", "seed": None}},  # unseeded, the default seed 0
+        {"resources": {"fuse": 4, "gpus_per_trial": "auto"}},
+    ],
+)
+def test_a_none_that_differs_from_its_default_round_trips(
+    tmp_path: Path, changes: dict[str, Any]
+) -> None:
+    spec = parse_spec(base_spec(tmp_path, **changes))
+    again = parse_spec(spec.to_dict())  # as a retrain, a resume and `derive` re-read it
+    assert again == spec
+    assert again.resources.fuse == spec.resources.fuse and again.sampler.seed == spec.sampler.seed
+
 def _bad(tmp_path: Path, **changes: Any) -> dict[str, Any]:
     return base_spec(tmp_path, **changes)
 

@@ -413,15 +413,44 @@ class StudySpec(_Strict):
 
     def to_dict(self) -> dict[str, Any]:
         """The spec as plain YAML/JSON-ready data (round-trips through validation)."""
-        data = self.model_dump(mode="json", exclude_none=True)
+        data = _without_unset(self, self.model_dump(mode="json"))
         if self.data.loader is not None:  # the built-in name does not apply
             for key in ("name", "val_fraction", "split_seed"):
                 data["data"].pop(key, None)
         if not self.data.args:
             data["data"].pop("args", None)
-        if self.sampler.seed is None:  # an unseeded sampler, not the default seed 0
-            data["sampler"]["seed"] = None
         return data
+
+
+def _without_unset(model: BaseModel, data: dict[str, Any]) -> dict[str, Any]:
+    """``data`` (``model`` dumped) less each ``None`` that is its field's default; a ``None``
+    that differs from its default (``fuse: off``, an unseeded sampler) stays, so the dump
+    reads back as the same spec.
+
+    Example:
+        >>> spec = parse_spec({"study": "s", "trainable": "torch_cnn",
+        ...     "objective": {"metric": "val_loss", "mode": "min"},
+        ...     "resources": {"fuse": "off"}, "space": {"lr": {"loguniform": [1e-4, 1e-2]}}})
+        >>> spec.to_dict()["resources"]["fuse"] is None, "export" in spec.to_dict()
+        (True, False)
+        >>> parse_spec(spec.to_dict()).resources.fuse is None
+        True
+    """
+    for name, field in type(model).model_fields.items():
+        key, value = field.alias or name, getattr(model, name)
+        if value is None and field.default is None:
+            data.pop(key, None)
+        elif isinstance(value, BaseModel):
+            _without_unset(value, data[key])
+        elif isinstance(value, (list, tuple)):
+            for item, dumped in zip(value, data[key], strict=True):
+                if isinstance(item, BaseModel):
+                    _without_unset(item, dumped)
+        elif isinstance(value, Mapping):
+            for k, item in value.items():
+                if isinstance(item, BaseModel):
+                    _without_unset(item, data[key][k])
+    return data
 
 
 def _error_line(exc: ValidationError) -> tuple[str, str]:
