@@ -36,7 +36,6 @@ def test_each_distribution_parses(tmp_path: Path, param: dict[str, Any], kind: s
     assert parse_spec(spec.to_dict()) == spec  # round-trips through YAML-ready data
 
 
-
 @pytest.mark.parametrize(
     "changes",
     [
@@ -52,6 +51,7 @@ def test_a_none_that_differs_from_its_default_round_trips(
     again = parse_spec(spec.to_dict())  # as a retrain, a resume and `derive` re-read it
     assert again == spec
     assert again.resources.fuse == spec.resources.fuse and again.sampler.seed == spec.sampler.seed
+
 
 def _bad(tmp_path: Path, **changes: Any) -> dict[str, Any]:
     return base_spec(tmp_path, **changes)

@@ -210,9 +210,11 @@ def _start(address: str | None, num_cpus: int | None, num_gpus: int | None) -> N
     import ray
 
     local = address in (None, "local")
-    # A local Ray's raylet, and so every worker, inherits this process's environment: it
-    # needs no runtime_env, which costs each worker a round trip through Ray's runtime-env
-    # agent. A cluster's workers get the settings through one.
+    # No job runtime_env: a worker with one starts through Ray's setup_worker shim (a second
+    # Python start). A local Ray's raylet, and so every worker, inherits this process's
+    # environment; on a cluster, the variables a worker reads (PL_DISABLE_FORK,
+    # RAY_CHDIR_TO_TRIAL_DIR) reach trial actors through Tune's own runtime_env
+    # (search/tuning/actors.py), and the rest are the driver's.
     LOCAL_ENV.clear()
     if local:
         LOCAL_ENV.update(os.environ)
@@ -225,7 +227,6 @@ def _start(address: str | None, num_cpus: int | None, num_gpus: int | None) -> N
         include_dashboard=False,
         logging_level=logging.WARNING,
         log_to_driver=False,
-        runtime_env=None if local else {"env_vars": dict(_RAY_ENV)},
         # Ray starts one idle Python worker per CPU for tasks, but Tune runs every trial in an
         # actor, and actors never take those workers: on a small machine they cost CPU
         # while the first trials start, on a 64-CPU node 64 processes that do nothing.

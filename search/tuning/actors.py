@@ -1,16 +1,16 @@
-"""Trial actors that start as fast as the local Ray allows: no ``runtime_env`` that repeats
+"""Trial actors that start as fast as the Ray allows: no ``runtime_env`` that repeats
 the environment their workers already inherit.
 
 Ray Tune registers every trainable class with ``ray.remote(runtime_env={"env_vars": ...})``
 (``ray/tune/execution/class_cache.py``: ``PL_DISABLE_FORK`` and the variables it propagates
 from the driver). A worker with a ``runtime_env`` goes through Ray's runtime-env agent before
 it runs, once per trial: on a 2-CPU machine about a second of CPU a trial, at 16 trials at
-once a queue. On the local Ray a run started, the raylet, and so every worker, inherited the
-driver's environment at ``ray.init`` (:data:`search.compute.cluster.LOCAL_ENV`): when Tune's
-variables are all there with the same values, :func:`inherited_env` registers the class
-without one. On a cluster, or when a variable changed after the Ray started, Tune's own
-registration stands. Ray offers no switch for it, so the method is replaced while the block
-runs, and restored.
+once a queue. Every worker inherits its raylet's environment
+(:func:`search.compute.worker_env.worker_env`: the local Ray a run started, or a joined Ray
+whose nodes all run on this machine): when Tune's variables are all there with the same
+values, :func:`inherited_env` registers the class without one. On another cluster, or when a
+variable changed after the Ray started, Tune's own registration stands. Ray offers no
+switch for it, so the method is replaced while the block runs, and restored.
 
 Example:
     >>> with inherited_env():
@@ -24,7 +24,7 @@ import os
 from collections.abc import Iterator
 from typing import Any
 
-from search.compute.cluster import LOCAL_ENV, local_ray_processes
+from search.compute.worker_env import worker_env
 
 
 def tune_env() -> dict[str, str]:
@@ -49,7 +49,7 @@ def redundant(env: dict[str, str], inherited: dict[str, str]) -> bool:
 @contextlib.contextmanager
 def inherited_env() -> Iterator[None]:
     """Tune's trial actors registered without a ``runtime_env`` while the block runs, where
-    the local Ray's workers inherit the same variables (the module's docstring)."""
+    the Ray's workers inherit the same variables (the module's docstring)."""
     try:
         from ray.tune.execution.class_cache import _ActorClassCache
     except ImportError:  # Tune moved it: its own registration stands
@@ -58,9 +58,10 @@ def inherited_env() -> Iterator[None]:
     tune_get = _ActorClassCache.get
 
     def get(self: Any, trainable_cls: Any) -> Any:
-        if trainable_cls in self._cache or not LOCAL_ENV or not local_ray_processes():
+        if trainable_cls in self._cache:
             return tune_get(self, trainable_cls)
-        if not redundant(tune_env(), LOCAL_ENV):
+        inherited = worker_env()
+        if not inherited or not redundant(tune_env(), inherited):
             return tune_get(self, trainable_cls)
         import ray
 
