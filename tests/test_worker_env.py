@@ -1,5 +1,6 @@
-"""A driver that joins a Ray on this machine registers trial actors without a runtime_env
-that only repeats what the raylet's workers inherit (search/compute/worker_env.py)."""
+"""What a Ray's workers inherit: a driver that joins a Ray on this machine registers trial
+actors without a runtime_env that only repeats it (search/compute/worker_env.py), and a
+local Ray's workers run at the driver's priority (search/compute/cluster.py)."""
 
 from __future__ import annotations
 
@@ -73,3 +74,15 @@ def test_the_raylets_environment_is_read_by_its_socket(ray_local: None) -> None:
     assert len(envs) == len(sockets) == 1
     assert envs[0]["PL_DISABLE_FORK"] == "1" and envs[0].get("PATH")
     assert raylet_envs(["/nonexistent/sockets/raylet"]) == []
+
+
+def test_a_local_rays_workers_run_at_the_drivers_priority(ray_local: None) -> None:
+    """Ray's default starts each worker 15 nicer than the driver: beside any busy program
+    the trials, the run's whole work, would get almost no CPU."""
+    import ray
+
+    @ray.remote(num_cpus=0)
+    def niceness() -> int:
+        return os.nice(0)
+
+    assert ray.get(niceness.remote()) == os.nice(0)

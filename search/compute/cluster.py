@@ -55,6 +55,15 @@ NO_PRESTART = {"enable_worker_prestart": False, "prestart_worker_first_driver": 
 """Ray's settings for no idle workers started ahead of demand: trials run in actors, which
 never take a prestarted worker (Ray would start one per CPU for the first driver)."""
 
+LOCAL_SYSTEM_CONFIG = {**NO_PRESTART, "worker_niceness": 0}
+"""A local Ray's settings: :data:`NO_PRESTART`, and its workers at the driver's own priority.
+Ray starts every worker 15 nicer than its raylet, so that its control plane answers while
+the workers fill the CPUs; but the trials are the run's work, and at +15 any other program
+on a shared machine (a build, a notebook, a second search) takes nearly all the CPU they
+would get: beside two busy loops on this 2-CPU machine, 0.7 CPU-s of a worker's work took
+12-24 s at +15 and 0.6-1.5 s at 0. At 0, ``nice python -m search run`` lowers the whole run,
+as a Unix user expects."""
+
 NUM_CPUS_ENV = "SEARCH_NUM_CPUS"
 NUM_GPUS_ENV = "SEARCH_NUM_GPUS"
 """Logical CPUs and GPUs of the local Ray a run starts (Ray accepts GPUs a machine lacks:
@@ -230,7 +239,7 @@ def _start(address: str | None, num_cpus: int | None, num_gpus: int | None) -> N
         # Ray starts one idle Python worker per CPU for tasks, but Tune runs every trial in an
         # actor, and actors never take those workers: on a small machine they cost CPU
         # while the first trials start, on a 64-CPU node 64 processes that do nothing.
-        _system_config=None if address else NO_PRESTART,
+        _system_config=None if address else LOCAL_SYSTEM_CONFIG,
     )
 
 
