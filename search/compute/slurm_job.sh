@@ -33,6 +33,9 @@ trap on_term TERM
 export RAY_AUTH_MODE=token
 RAY_AUTH_TOKEN="$("$PY" -c 'import secrets; print(secrets.token_hex(32))')"
 export RAY_AUTH_TOKEN
+# The trials at the job's own priority, not Ray's default 15 nicer (a node SLURM shares with
+# other jobs would starve them), as a run's local Ray does (search/compute/cluster.py).
+export RAY_worker_niceness=0
 # Every port the kernel's pick (0), but the client server's, which Ray wants named.
 CLIENT_PORT="$("$PY" -c 'import socket; s = socket.socket(); s.bind(("", 0)); print(s.getsockname()[1])')"
 PORTS=(--node-manager-port=0 --object-manager-port=0 --dashboard-agent-listen-port=0
