@@ -143,7 +143,10 @@ def test_two_jobs_share_a_node_and_a_time_limit_requeues_the_study(
     out = (long / "results" / "slurm" / f"search-long-{long_id}.out").read_text()
     assert "search slurm: the time limit is near" in out
     assert "search slurm: requeued" in out
-    assert out.count("trials this run") == 2, out  # both starts in the one file of the job id
+    # Every start in the one file of the job id: each but the last requeued the job. On a slow
+    # hour a second start may meet the 1-minute limit too before the test raised it.
+    starts = out.count("trials this run")
+    assert starts >= 2 and starts == out.count("search slurm: requeued") + 1, out
 
 
 def test_scancel_mid_study_and_the_saved_script_continues_it(
