@@ -3,11 +3,10 @@ the environment their workers already inherit.
 
 Ray Tune registers every trainable class with ``ray.remote(runtime_env={"env_vars": ...})``
 (``ray/tune/execution/class_cache.py``: ``PL_DISABLE_FORK`` and the variables it propagates
-from the driver). A worker with a ``runtime_env`` goes through Ray's runtime-env agent before
-it runs, once per trial: on a 2-CPU machine about a second of CPU a trial, at 16 trials at
-once a queue. Every worker inherits its raylet's environment
-(:func:`search.compute.worker_env.worker_env`: the local Ray a run started, or a joined Ray
-whose nodes all run on this machine): when Tune's variables are all there with the same
+from the driver). A worker with a ``runtime_env`` starts through Ray's ``setup_worker.py``, a
+second Python start (about 0.4 CPU-s a worker here). Every worker inherits its raylet's
+environment (:func:`search.compute.worker_env.worker_env`: the local Ray a run started, or a
+joined Ray whose nodes all run on this machine): when Tune's variables are all there with the same
 values, :func:`inherited_env` registers the class without one. On another cluster, or when a
 variable changed after the Ray started, Tune's own registration stands. Ray offers no
 switch for it, so the method is replaced while the block runs, and restored.
