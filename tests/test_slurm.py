@@ -9,6 +9,7 @@ the record's truth, never how far trials got in some seconds.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -36,13 +37,15 @@ def slurm(tmp_path_factory: pytest.TempPathFactory) -> Any:
 def _study_folder(tmp_path: Path, name: str, trials: int, hold_from: int, epochs: int = 3) -> Path:
     """A folder to submit from, with ``s.yaml``: study ``name``, its storage and results in
     the folder (the shared filesystem of this one-node cluster), trials from ``hold_from`` on
-    waiting for the file ``gate`` before their first epoch."""
+    waiting for the file ``gate`` before their first epoch. A wait at the gate is a silence
+    the stall rule rightly calls a hang after 60 s (``faults.stall_s: auto``): the tests' gates
+    may stay shut longer on a slow hour, so the rule waits 15 minutes here."""
     work = tmp_path / name
     work.mkdir()
     fixed = {"sleep": 0.2, "hold_file": str(work / "gate"), "hold_from": hold_from}
     data = base_spec(
         work, study=name, storage="sqlite:///results/optuna.db", fixed=fixed,
-        budget={"trials": trials, "max_epochs": epochs},
+        budget={"trials": trials, "max_epochs": epochs}, faults={"stall_s": 900},
     )  # fmt: skip
     write_spec(work / "s.yaml", data)
     return work
@@ -75,6 +78,17 @@ def _wait(cluster: SlurmCluster, job_id: str, check: Any, what: str) -> None:
             out = "\n".join(p.read_text()[-4000:] for p in cluster.root.parent.glob("**/*.out"))
             pytest.fail(f"job {job_id} ended before {what}:\n{out}")
         time.sleep(0.5)
+
+
+def _limit_soon(cluster: SlurmCluster, job_id: str) -> None:
+    """Sets a running job's time limit to its run time so far plus 2 whole minutes: 60 to
+    120 s left, so SLURM's signal (a 30 s grace, checked every 30 s) strikes in the next ones."""
+    shown = cluster.command("scontrol", "show", "job", job_id)
+    found = re.search(r"\bRunTime=(?:(\d+)-)?(\d+):(\d+):(\d+)", shown)
+    assert found, shown
+    days, hours, minutes, _ = (int(part or 0) for part in found.groups())
+    ran = (days * 24 + hours) * 60 + minutes
+    cluster.command("scontrol", "update", f"JobId={job_id}", f"TimeLimit={ran + 2}")
 
 
 def _settled(trials: list[Any]) -> list[Any]:
@@ -111,7 +125,9 @@ def test_two_jobs_share_a_node_and_a_time_limit_requeues_the_study(
     next start finishes the study."""
     long = _study_folder(tmp_path, "long", trials=5, hold_from=2)
     short = _study_folder(tmp_path, "short", trials=3, hold_from=1)
-    long_id = _submit(slurm, long, "--time", "1", "--grace", "30", "--requeue")
+    # The long one's limit is cut to its run time + 2 minutes only once the short one is done:
+    # a fixed 1-minute limit struck on a slow hour before its Ray was up, start after start.
+    long_id = _submit(slurm, long, "--time", "10", "--grace", "30", "--requeue")
     short_id = _submit(slurm, short)
 
     def both_running() -> bool:
@@ -127,6 +143,7 @@ def test_two_jobs_share_a_node_and_a_time_limit_requeues_the_study(
 
     # The long one's gate stays shut: its time limit stops it, and the job goes back to the
     # queue by itself; SLURM starts it again once its credential expired (5 s here).
+    _limit_soon(slurm, long_id)
     _wait(slurm, long_id, lambda: slurm.restarts(long_id) >= 1, "the job requeued itself")
     # The first start's trials, by the driver that made them: on a slow hour the next start
     # may already run trials of its own (held at the gate) when the requeue is seen.
@@ -135,8 +152,8 @@ def test_two_jobs_share_a_node_and_a_time_limit_requeues_the_study(
     first = [t for t in trials if t.user_attrs.get("driver") == driver]
     assert first and all(t.state.is_finished() for t in first)  # nothing of it left RUNNING
     (long / "gate").touch()
-    # Its next start gets 10 minutes: with 1, SLURM's signal, checked every 30 s, may stop a
-    # start again before its Ray is up (a job's own --time is hours on a real cluster).
+    # Its next start gets 10 minutes: with the cut limit, SLURM's signal, checked every 30 s,
+    # may stop a start again before its Ray is up (a job's own --time is hours on a real one).
     slurm.command("scontrol", "update", f"JobId={long_id}", "TimeLimit=10")
     slurm.wait_gone(long_id)
     _assert_study_whole(_trials(long, "long"), 5, _settled(first))
@@ -144,7 +161,7 @@ def test_two_jobs_share_a_node_and_a_time_limit_requeues_the_study(
     assert "search slurm: the time limit is near" in out
     assert "search slurm: requeued" in out
     # Every start in the one file of the job id: each but the last requeued the job. On a slow
-    # hour a second start may meet the 1-minute limit too before the test raised it.
+    # hour a second start may meet the cut limit too before the test raised it.
     starts = out.count("trials this run")
     assert starts >= 2 and starts == out.count("search slurm: requeued") + 1, out
 
