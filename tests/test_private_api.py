@@ -37,12 +37,19 @@ MODULE_NAMES = {
     "ray.air._internal.usage.tag_callbacks": "compute/cluster.py (no usage tagging)",
     "ray.tune.execution.class_cache._ActorClassCache.get": "tuning/actors.py (workers' env)",
     "mlflow.utils.validation._validate_model_name": "handover/registry.py (one-line refusal)",
-    "mlflow.utils.validation._validate_model_alias_name": "handover/registry.py",
-    "mlflow.utils.validation._validate_model_alias_name_reserved": "handover/registry.py",
+    "mlflow.utils.validation._validate_alias_name": "handover/registry.py (ALIAS_CHECK)",
+    "mlflow.utils.validation._validate_alias_name_reserved": "handover/registry.py",
     "concurrent.futures.thread._python_exit": "cli.py (an exit that waits for no pool)",
     "atexit._run_exitfuncs": "cli.py (the exit hooks, then os._exit)",
 }
 """Importable names: a module path, then attributes."""
+
+RENAMED = {
+    "mlflow.utils.validation._validate_alias_name": "_validate_model_alias_name",
+    "mlflow.utils.validation._validate_alias_name_reserved": "_validate_model_alias_name_reserved",
+}
+"""Names of :data:`MODULE_NAMES` the package also finds under their older name (before
+MLflow 3.18): either one being there is enough."""
 
 LOGGERS = ("ray._private.authentication.authentication_token_setup", "ray._private.worker")
 """Ray's modules whose loggers the package filters (compute/cluster.py): they must exist."""
@@ -78,10 +85,16 @@ def _resolve(dotted: str) -> object:
 def test_each_private_name_the_package_imports_is_there(dotted: str) -> None:
     if dotted.startswith("mlflow"):
         pytest.importorskip("mlflow")
-    try:
-        _resolve(dotted)  # a value may be None (``_global_node`` before Ray starts)
-    except (ImportError, AttributeError) as exc:
-        raise AssertionError(f"{dotted} is gone ({exc}): used in {MODULE_NAMES[dotted]}") from exc
+    older = [f"{dotted.rsplit('.', 1)[0]}.{RENAMED[dotted]}"] if dotted in RENAMED else []
+    errors: list[Exception] = []
+    for name in [dotted, *older]:
+        try:
+            _resolve(name)  # a value may be None (``_global_node`` before Ray starts)
+            return
+        except (ImportError, AttributeError) as exc:
+            errors.append(exc)
+    gone = " nor ".join([dotted, *older])
+    raise AssertionError(f"{gone} is gone ({errors[0]}): used in {MODULE_NAMES[dotted]}")
 
 
 @pytest.mark.parametrize("name", LOGGERS)

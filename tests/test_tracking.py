@@ -322,6 +322,8 @@ def _tracked_run(tmp: Path, uri: str, trials: int, **fixed: Any) -> Path:
         fixed=fixed,
         tracking={"mlflow": uri},
     )
+    if "hold_file" in fixed:  # a wait at the gate is no hang, however long on a slow hour
+        data["faults"] = {"stall_s": 900}
     return write_spec(tmp / "spec.yaml", data)
 
 

@@ -119,6 +119,29 @@ def quiet_client(uri: str) -> Any:
     return MlflowClient(tracking_uri=uri, registry_uri=uri)
 
 
+ALIAS_CHECK = ("_validate_alias_name", "_validate_model_alias_name")
+"""MLflow's check of an alias's characters and length, by its names, newest first (MLflow
+3.18 renamed ``_validate_model_alias_name``)."""
+RESERVED_CHECK = ("_validate_alias_name_reserved", "_validate_model_alias_name_reserved")
+"""MLflow's check that an alias is not ``latest`` or a version's (renamed in 3.18 too)."""
+
+
+def _mlflow_check(validation: Any, *names: str) -> Any:
+    """The first of MLflow's private checks ``names`` that its ``validation`` module has;
+    without any, none here (the registry still refuses, once the model is logged).
+
+    Example:
+        >>> from types import SimpleNamespace
+        >>> old = SimpleNamespace(_validate_model_alias_name=len)
+        >>> _mlflow_check(old, *ALIAS_CHECK)("champion")
+        8
+        >>> _mlflow_check(SimpleNamespace(), *ALIAS_CHECK)("champion") is None
+        True
+    """
+    found = next((getattr(validation, n) for n in names if hasattr(validation, n)), None)
+    return found or (lambda value: None)
+
+
 def preflight(target: Target) -> None:
     """Refuses, in one line, a name or alias MLflow would refuse and a registry it cannot
     reach; called before any confirmation run.
@@ -131,8 +154,8 @@ def preflight(target: Target) -> None:
 
     checks = [
         ("model name", target.model_name, validation._validate_model_name),
-        ("alias", target.alias, validation._validate_model_alias_name),
-        ("alias", target.alias, validation._validate_model_alias_name_reserved),
+        ("alias", target.alias, _mlflow_check(validation, *ALIAS_CHECK)),
+        ("alias", target.alias, _mlflow_check(validation, *RESERVED_CHECK)),
     ]
     for what, value, check in checks:
         try:
