@@ -78,6 +78,12 @@ def write_spec(path: Path, data: dict[str, Any]) -> Path:
     return path
 
 
+GATED_FAULTS: dict[str, Any] = {"stall_s": 900}
+"""``faults`` of a study whose trials wait at a test's gate (the ``curve`` trainable's
+``hold_file``): the wait is a silence that the stall rule (``stall_s: auto``) rightly calls a
+hang after 60 s, and a gate may stay shut longer than that on a slow hour."""
+
+
 def base_spec(tmp_path: Path, **changes: Any) -> dict[str, Any]:
     """A small valid spec on the synthetic ``curve`` trainable, storage under ``tmp_path``."""
     spec: dict[str, Any] = {

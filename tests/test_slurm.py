@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.helpers import base_spec, stored_study, write_spec
+from tests.helpers import GATED_FAULTS, base_spec, stored_study, write_spec
 from tests.slurm_cluster import SlurmCluster, have_slurm, single_node_slurm
 
 pytestmark = pytest.mark.slow
@@ -37,15 +37,13 @@ def slurm(tmp_path_factory: pytest.TempPathFactory) -> Any:
 def _study_folder(tmp_path: Path, name: str, trials: int, hold_from: int, epochs: int = 3) -> Path:
     """A folder to submit from, with ``s.yaml``: study ``name``, its storage and results in
     the folder (the shared filesystem of this one-node cluster), trials from ``hold_from`` on
-    waiting for the file ``gate`` before their first epoch. A wait at the gate is a silence
-    the stall rule rightly calls a hang after 60 s (``faults.stall_s: auto``): the tests' gates
-    may stay shut longer on a slow hour, so the rule waits 15 minutes here."""
+    waiting for the file ``gate`` before their first epoch (no stall: ``GATED_FAULTS``)."""
     work = tmp_path / name
     work.mkdir()
     fixed = {"sleep": 0.2, "hold_file": str(work / "gate"), "hold_from": hold_from}
     data = base_spec(
         work, study=name, storage="sqlite:///results/optuna.db", fixed=fixed,
-        budget={"trials": trials, "max_epochs": epochs}, faults={"stall_s": 900},
+        budget={"trials": trials, "max_epochs": epochs}, faults=GATED_FAULTS,
     )  # fmt: skip
     write_spec(work / "s.yaml", data)
     return work

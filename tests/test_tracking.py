@@ -30,7 +30,7 @@ from search.record.tracking.mlflow_runs import PARENT, STATUS, TrialRun
 from search.record.tracking.tracker import ATTEMPTS, Tracker
 from search.specs.schema import parse_spec
 from search.tuning.runner import RunOptions, run_study
-from tests.helpers import MLFLOW_SERVER_ENV, base_spec, run_spec, write_spec
+from tests.helpers import GATED_FAULTS, MLFLOW_SERVER_ENV, base_spec, run_spec, write_spec
 
 SECRET = "s3cret"
 LINE = "MLflow tracking:"
@@ -322,8 +322,8 @@ def _tracked_run(tmp: Path, uri: str, trials: int, **fixed: Any) -> Path:
         fixed=fixed,
         tracking={"mlflow": uri},
     )
-    if "hold_file" in fixed:  # a wait at the gate is no hang, however long on a slow hour
-        data["faults"] = {"stall_s": 900}
+    if "hold_file" in fixed:
+        data["faults"] = GATED_FAULTS
     return write_spec(tmp / "spec.yaml", data)
 
 
