@@ -6,6 +6,7 @@ with its class name (before: "not checked", then ``KeyError: 'label'``)."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -16,7 +17,12 @@ torch = pytest.importorskip("torch")
 
 from search import write_inputs  # noqa: E402
 from search.handover.check import check_bundle  # noqa: E402
-from search.handover.registry import Target, register_bundle  # noqa: E402
+from search.handover.registry import (  # noqa: E402
+    URI_VARIABLES,
+    Target,
+    fluent_on,
+    register_bundle,
+)
 from search.handover.registry_check import check_registered  # noqa: E402
 from tests.helpers import onnx_export, tabular_val  # noqa: E402
 
@@ -73,10 +79,17 @@ def _bundle(folder: Path, sigmoid: bool) -> tuple[Path, np.ndarray]:
 
 @pytest.mark.parametrize("sigmoid", [False, True], ids=["one-logit", "sigmoid"])
 def test_a_one_column_classifier_is_checked_registered_and_answers_its_class(
-    tmp_path: Path, sigmoid: bool
+    tmp_path: Path, sigmoid: bool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    import tempfile
+
     import mlflow
 
+    for name in URI_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
     bundle, predicted = _bundle(tmp_path / "bundle", sigmoid)
     lines = check_bundle(bundle)
     assert lines[-1].startswith("OK") and not [line for line in lines if "not checked" in line]
@@ -88,9 +101,13 @@ def test_a_one_column_classifier_is_checked_registered_and_answers_its_class(
     checked = check_registered("models:/binary@challenger", Target(uri=uri, model_name="-"))
     assert checked[-1] == "OK: models:/binary@challenger reproduces the exported accuracy"
     assert any(f"{len(predicted)} of {len(predicted)} labels agree" in line for line in checked)
+    # neither leaves its registry in the environment of the processes started next (a
+    # notebook's next search, an `mlflow models serve` of another registry), nor a folder
+    assert not {name for name in URI_VARIABLES if name in os.environ}
+    assert not [p.name for p in scratch.iterdir() if p.name.startswith("search-check-")]
 
-    mlflow.set_tracking_uri(uri)
-    served = mlflow.pyfunc.load_model("models:/binary@challenger")
+    with fluent_on(uri):
+        served = mlflow.pyfunc.load_model("models:/binary@challenger")
     x, _ = tabular_val()
     answer = served.predict({"x": x}, params={"logits": True})
     assert answer["label"].tolist() == [CLASSES[i] for i in predicted]

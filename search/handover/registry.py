@@ -29,6 +29,7 @@ import io
 import json
 import logging
 import os
+from collections.abc import Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -117,6 +118,43 @@ def quiet_client(uri: str) -> Any:
     from mlflow import MlflowClient
 
     return MlflowClient(tracking_uri=uri, registry_uri=uri)
+
+
+URI_VARIABLES = ("MLFLOW_TRACKING_URI", "MLFLOW_REGISTRY_URI")
+
+
+@contextlib.contextmanager
+def fluent_on(uri: str) -> Iterator[None]:
+    """MLflow's fluent API (``mlflow.start_run``, ``register_model``, ``pyfunc.load_model``)
+    on ``uri`` for the block, then as it was before.
+
+    ``mlflow.set_tracking_uri`` also writes ``MLFLOW_TRACKING_URI`` (``set_registry_uri`` its
+    own) into ``os.environ``, so without this every process started afterwards would inherit
+    the URI, password and all: a notebook's next search and its Ray workers, or an
+    ``mlflow models serve`` meant for another registry.
+
+    Example:
+        >>> import os
+        >>> _ = os.environ.pop("MLFLOW_TRACKING_URI", None)
+        >>> with fluent_on("sqlite:////tmp/doctest-mlflow.db"):
+        ...     os.environ["MLFLOW_TRACKING_URI"]
+        'sqlite:////tmp/doctest-mlflow.db'
+        >>> "MLFLOW_TRACKING_URI" in os.environ
+        False
+    """
+    import mlflow
+
+    saved = {name: os.environ.get(name) for name in URI_VARIABLES}
+    mlflow.set_tracking_uri(uri)
+    mlflow.set_registry_uri(uri)
+    try:
+        yield
+    finally:
+        mlflow.set_tracking_uri(saved["MLFLOW_TRACKING_URI"])
+        mlflow.set_registry_uri(saved["MLFLOW_REGISTRY_URI"])
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
 
 
 ALIAS_CHECK = ("_validate_alias_name", "_validate_model_alias_name")
@@ -278,13 +316,18 @@ def register_bundle(folder: Path, target: Target, log: Any = print) -> str:
 
 
 def _register(folder: Path, target: Target, log: Any) -> str:
+    metrics, config = _read(folder)
+    quiet_client(target.real)
+    with fluent_on(target.real):
+        return _logged_and_registered(folder, metrics, config, target, log)
+
+
+def _logged_and_registered(
+    folder: Path, metrics: dict[str, Any], config: dict[str, Any], target: Target, log: Any
+) -> str:
     import mlflow
 
-    metrics, config = _read(folder)
     real = target.real
-    quiet_client(real)
-    mlflow.set_tracking_uri(real)
-    mlflow.set_registry_uri(real)
     mlflow.set_experiment(metrics["study"])
     trial = metrics["chosen"]["source_trial"]
     with mlflow.start_run(run_name=f"{metrics['study']}-trial-{trial}") as run:

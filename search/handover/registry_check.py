@@ -20,7 +20,14 @@ from search.contract.inputs import read_inputs
 from search.errors import one_line
 from search.handover import binary, check, mlflow_model
 from search.handover.bundle import TOLERANCE
-from search.handover.registry import BUNDLE_ARTIFACTS, RegistryError, Target, quiet_client, scrub
+from search.handover.registry import (
+    BUNDLE_ARTIFACTS,
+    RegistryError,
+    Target,
+    fluent_on,
+    quiet_client,
+    scrub,
+)
 
 
 def predict_classes(model: Any, arrays: dict[str, np.ndarray]) -> np.ndarray:
@@ -50,19 +57,17 @@ def check_registered(model_uri: str, target: Target) -> list[str]:
             "path is read from the current folder)"
         )
     client = quiet_client(real)
-    mlflow.set_tracking_uri(real)
-    mlflow.set_registry_uri(real)
-    try:
-        version = _version(client, model_uri)
-        model = mlflow.pyfunc.load_model(model_uri)
-        folder = Path(tempfile.mkdtemp(prefix="search-check-"))
-        mlflow.artifacts.download_artifacts(
-            run_id=version.run_id, artifact_path=BUNDLE_ARTIFACTS, dst_path=str(folder)
-        )
-    except Exception as exc:
-        why = one_line(scrub(str(getattr(exc, "message", exc)), target.uri), limit=300)
-        raise RegistryError(f"{model_uri} in {target.shown}: cannot load it ({why})") from None
-    return _score(model_uri, version, model, folder / BUNDLE_ARTIFACTS)
+    with fluent_on(real), tempfile.TemporaryDirectory(prefix="search-check-") as folder:
+        try:
+            version = _version(client, model_uri)
+            model = mlflow.pyfunc.load_model(model_uri)
+            mlflow.artifacts.download_artifacts(
+                run_id=version.run_id, artifact_path=BUNDLE_ARTIFACTS, dst_path=folder
+            )
+        except Exception as exc:
+            why = one_line(scrub(str(getattr(exc, "message", exc)), target.uri), limit=300)
+            raise RegistryError(f"{model_uri} in {target.shown}: cannot load it ({why})") from None
+        return _score(model_uri, version, model, Path(folder) / BUNDLE_ARTIFACTS)
 
 
 def _version(client: Any, model_uri: str) -> Any:
