@@ -150,8 +150,9 @@ def fluent_on(uri: str) -> Iterator[None]:
     try:
         yield
     finally:
-        mlflow.set_tracking_uri(saved["MLFLOW_TRACKING_URI"])
-        mlflow.set_registry_uri(saved["MLFLOW_REGISTRY_URI"])
+        # None is MLflow's "not set" (its stubs say str): the variable unset, the default back
+        mlflow.set_tracking_uri(saved["MLFLOW_TRACKING_URI"])  # type: ignore[arg-type]
+        mlflow.set_registry_uri(saved["MLFLOW_REGISTRY_URI"])  # type: ignore[arg-type]
         for name, value in saved.items():
             if value is None:
                 os.environ.pop(name, None)
